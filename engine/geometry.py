@@ -223,7 +223,9 @@ def _parse_engine(doc: Mapping[str, Any]) -> EngineModel:
         raise StatusError("engine.name", "expected a string")
     mode = _field(engine, "rebuild_mode", "engine.")
     if mode not in ("incremental", "freetoken"):
-        raise StatusError("engine.rebuild_mode", f"expected 'incremental' or 'freetoken', got {mode!r}")
+        raise StatusError(
+            "engine.rebuild_mode", f"expected 'incremental' or 'freetoken', got {mode!r}"
+        )
     if mode == "freetoken":
         return replace(FREETOKEN, name=name)
     return EngineModel(

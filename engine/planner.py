@@ -1,0 +1,248 @@
+"""The free-first planner: from the live geometry to a target, in steps whose every instant fits.
+
+ft serve resizes inside one rebuild call in the order MoE, KV (+window), mamba, each pool
+freeing only itself before allocating, and its fit-check prices only the final geometry. So
+one call that grows MoE while shrinking KV holds the old KV and the new experts at once. The
+planner prices every instant of every call under the engine's own order and splits the
+transition into the fewest calls that are safe (never more than two when the target fits:
+all shrinks, then all grows), preferring calls that leave KV and mamba alone, because those
+also wipe ft serve's prefix cache. The reference engine orders free-first inside one call, so
+its plans are a single call whose instants are the chunk phases.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.budget import MemoryModel
+from engine.geometry import EngineKind, Geometry
+
+__all__ = ["Instant", "Plan", "Step", "call_instants", "plan_transition", "validate_target"]
+
+# ft serve's order inside one call; the window pool is resized together with KV.
+POOL_ORDER = ("moe", "kv", "mamba")
+_BODY_KEY = {"moe": "moe_cache_size", "kv": "num_pages", "mamba": "num_mamba_slots"}
+
+
+@dataclass(frozen=True, slots=True)
+class Instant:
+    """One moment inside a call and the bytes all pools hold then."""
+
+    what: str
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One engine call: the exact rebuild body, the geometry after it, and its priced instants."""
+
+    body: Mapping[str, int]
+    after: Geometry
+    peak_bytes: int
+    instants: tuple[Instant, ...]
+
+    @property
+    def touches_kv(self) -> bool:
+        """A call that resizes KV, mamba or the window pool wipes ft serve's prefix cache."""
+        return any(key in self.body for key in ("num_pages", "num_mamba_slots", "num_swa_pages"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "body": dict(self.body),
+            "peak_bytes": self.peak_bytes,
+            "after": self.after.to_json(),
+            "instants": [{"what": i.what, "total_bytes": i.total_bytes} for i in self.instants],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    feasible: bool
+    engine: EngineKind
+    budget_bytes: int
+    start: Geometry
+    target: Geometry
+    steps: tuple[Step, ...]
+    peak_bytes: int
+    single_call_peak_bytes: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "feasible": self.feasible,
+            "engine": self.engine,
+            "budget_bytes": self.budget_bytes,
+            "from": self.start.to_json(),
+            "to": self.target.to_json(),
+            "steps": [step.to_json() for step in self.steps],
+            "peak_bytes": self.peak_bytes,
+            "single_call_peak_bytes": self.single_call_peak_bytes,
+            "reason": self.reason,
+        }
+
+
+def _size(geometry: Geometry, pool: str) -> int:
+    if pool == "moe":
+        return geometry.moe_cache_size
+    if pool == "kv":
+        return geometry.num_pages
+    return geometry.num_mamba_slots
+
+
+def _with(geometry: Geometry, pools: Iterable[str], source: Geometry) -> Geometry:
+    sizes = {_BODY_KEY[p]: _size(source, p) for p in pools}
+    return geometry.with_sizes(**sizes)
+
+
+def _bytes(model: MemoryModel, geometry: Geometry, pool: str) -> int:
+    pools = model.pool_bytes(geometry)
+    return {"moe": pools.moe, "kv": pools.kv, "mamba": pools.mamba}[pool]
+
+
+def _describe(model: MemoryModel, pool: str, size: int) -> str:
+    if pool == "kv":
+        return f"{size * model.shape.page_size} KV tokens"
+    return f"{size} {'expert' if pool == 'moe' else 'mamba'} slots"
+
+
+def call_instants(model: MemoryModel, before: Geometry, after: Geometry) -> tuple[Instant, ...]:
+    """Every instant of one rebuild call from `before` to `after` under the engine's order.
+
+    ft serve: while pool p is reallocated the card holds the new size of the pools before it,
+    p's new size, and the old size of the pools after it. The reference engine releases the
+    chunks of every shrinking pool first, then adds chunks to the growing ones; totals move
+    monotonically inside each phase, so a phase's end is its extreme instant.
+    """
+    changed = [p for p in POOL_ORDER if _size(before, p) != _size(after, p)]
+    instants = [Instant("start", model.total_bytes(before))]
+    if model.engine.kind == "reference":
+        shrinks = [p for p in changed if _size(after, p) < _size(before, p)]
+        order = shrinks + [p for p in changed if p not in shrinks]
+    else:
+        order = changed
+    current = before
+    for pool in order:
+        current = _with(current, [pool], after)
+        verb = "freed to" if _size(after, pool) < _size(before, pool) else "allocated at"
+        instants.append(
+            Instant(
+                f"{pool} {verb} {_describe(model, pool, _size(after, pool))}",
+                model.total_bytes(current),
+            )
+        )
+    return tuple(instants)
+
+
+def _step(model: MemoryModel, before: Geometry, pools: Iterable[str], target: Geometry) -> Step:
+    pools = tuple(pools)
+    after = _with(before, pools, target)
+    instants = call_instants(model, before, after)
+    body = {_BODY_KEY[p]: _size(after, p) for p in POOL_ORDER if p in pools}
+    return Step(
+        body=body,
+        after=after,
+        peak_bytes=max(i.total_bytes for i in instants),
+        instants=instants,
+    )
+
+
+def validate_target(model: MemoryModel, start: Geometry, target: Geometry) -> str:
+    """Why `target` can never be reached from `start`, or "" when nothing forbids it."""
+    shape, floors = model.shape, model.floors
+    if target.moe_cache_size != start.moe_cache_size:
+        if shape.max_expert_slots == 0:
+            return "the model has no MoE layers; moe_cache_size cannot change"
+        if target.moe_cache_size < floors.moe_slots:
+            return (
+                f"moe_cache_size {target.moe_cache_size} is below the floor of "
+                f"{floors.moe_slots} slots (one per routed expert)"
+            )
+        if target.moe_cache_size > shape.max_expert_slots:
+            return (
+                f"moe_cache_size {target.moe_cache_size} is above the "
+                f"{shape.max_expert_slots} experts the model has "
+                f"({shape.num_experts} x {shape.num_moe_layers} layers)"
+            )
+    if target.num_pages != start.num_pages:
+        kv_tokens = target.num_pages * shape.page_size
+        if target.num_pages < 1 or kv_tokens < floors.kv_tokens:
+            return f"{kv_tokens} KV tokens is below the floor of {floors.kv_tokens} tokens"
+    if target.num_mamba_slots != start.num_mamba_slots:
+        if not shape.has_mamba:
+            return "the model has no mamba pool; num_mamba_slots cannot change"
+        if target.num_mamba_slots < floors.mamba_slots:
+            return (
+                f"num_mamba_slots {target.num_mamba_slots} is below the floor of "
+                f"{floors.mamba_slots} slots"
+            )
+    budget = model.budget_bytes
+    start_bytes = model.total_bytes(start)
+    if start_bytes > budget:
+        return (
+            f"the live geometry already holds {start_bytes} B, over the budget of {budget} B; "
+            "no call can keep every instant within it"
+        )
+    target_bytes = model.total_bytes(target)
+    if target_bytes > budget:
+        return f"the target needs {target_bytes} B, over the budget of {budget} B"
+    return ""
+
+
+def _candidates(
+    model: MemoryModel, start: Geometry, target: Geometry, changed: tuple[str, ...]
+) -> Iterable[tuple[Step, ...]]:
+    yield (_step(model, start, changed, target),)
+    if model.engine.kind == "reference":
+        return
+    for size in range(1, len(changed)):
+        for first in itertools.combinations(changed, size):
+            step1 = _step(model, start, first, target)
+            rest = tuple(p for p in changed if p not in first)
+            yield step1, _step(model, step1.after, rest, target)
+
+
+def plan_transition(model: MemoryModel, start: Geometry, target: Geometry) -> Plan:
+    """The safest, cheapest sequence of calls from `start` to `target` (see module docstring)."""
+    # The window pool is never resized by a rung change: it keeps its live size.
+    target = Geometry(
+        target.moe_cache_size, target.num_pages, target.num_mamba_slots, start.num_swa_pages
+    )
+    budget = model.budget_bytes
+    changed = tuple(p for p in POOL_ORDER if _size(start, p) != _size(target, p))
+    start_bytes = model.total_bytes(start)
+
+    def refuse(reason: str, single: int) -> Plan:
+        return Plan(False, model.engine.kind, budget, start, target, (), 0, single, reason)
+
+    if not changed:
+        if start_bytes > budget:
+            return refuse(f"the live geometry holds {start_bytes} B, over the budget of {budget} B",
+                          start_bytes)
+        return Plan(True, model.engine.kind, budget, start, target, (), start_bytes, start_bytes,
+                    "already at the target")
+    single = _step(model, start, changed, target)
+    reason = validate_target(model, start, target)
+    if reason:
+        return refuse(reason, single.peak_bytes)
+    safe = [steps for steps in _candidates(model, start, target, changed)
+            if all(step.peak_bytes <= budget for step in steps)]
+    if not safe:
+        return refuse("no sequence of calls keeps every instant within the budget",
+                      single.peak_bytes)
+    best = min(safe, key=lambda steps: (
+        len(steps), sum(s.touches_kv for s in steps), max(s.peak_bytes for s in steps)))
+    peak = max(s.peak_bytes for s in best)
+    if len(best) == 1:
+        why = "one call: every instant fits in the engine's order"
+    else:
+        worst = max(single.instants, key=lambda i: i.total_bytes)
+        why = (
+            f"{len(best)} calls, shrinks first: one call would peak at {single.peak_bytes} B "
+            f"> budget {budget} B ({worst.what} while the other pools still hold their old size)"
+        )
+    return Plan(True, model.engine.kind, budget, start, target, best, peak, single.peak_bytes, why)

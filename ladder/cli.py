@@ -1,0 +1,236 @@
+"""The `ladder` command line: a thin shell over the pure planner, rungs and renderers.
+
+Exit status (design.md): 0 success or a feasible plan, 1 an infeasible plan, 2 bad input
+(one line on stderr naming what is wrong).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from engine.budget import MemoryModel
+from engine.geometry import CacheStatus, Geometry, StatusError, parse_cache_status
+from engine.planner import plan_transition
+from ladder.render import render_ladder, render_plan, render_pools
+from ladder.rungs import LadderSpec, build_ladder, reachable_ranges
+from ladder.units import parse_bytes, parse_count, parse_target
+
+__all__ = ["BadInput", "main"]
+
+DEFAULT_SERVER = "http://127.0.0.1:1919"
+_DEFAULT_SPEC = LadderSpec()
+
+
+class BadInput(Exception):
+    """Input the user must fix; printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming what is wrong, not argparse's usage dump.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _count(text: str) -> int:
+    try:
+        return parse_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    src = p.add_argument_group("where the geometry comes from")
+    src.add_argument("--server", default=None, metavar="URL",
+                     help=f"a live ft serve or reference engine (default {DEFAULT_SERVER})")
+    src.add_argument("--status", type=Path, default=None, metavar="FILE",
+                     help="a saved GET /v1/cache/status document instead of a server")
+    src.add_argument("--api-key", default=None,
+                     help="API key for ft serve 0.2.1 (default: $LADDER_API_KEY or "
+                          "$FREETOKEN_API_KEY); sent as a bearer token, never printed")
+    src.add_argument("--timeout-s", type=float, default=10.0, help="HTTP timeout (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    budget = p.add_argument_group("budget and ladder")
+    budget.add_argument("--reserve", type=_bytes, default=0, metavar="BYTES",
+                        help="keep this much of the budget free at every instant (e.g. 256MiB)")
+    budget.add_argument("--fixed-bytes", type=_bytes, default=0, metavar="BYTES",
+                        help="fixed costs the engine's fit-check adds that unit_bytes omits")
+    budget.add_argument("--kv-floor", type=_count, default=_DEFAULT_SPEC.kv_floor_tokens,
+                        metavar="TOKENS", help="KV of the lowest rung (default 4k)")
+    budget.add_argument("--kv-max", type=_count, default=None, metavar="TOKENS",
+                        help="KV of the top rung: the model's context (default: what fits)")
+    budget.add_argument("--spacing", choices=("geometric", "linear"), default="geometric",
+                        help="rung spacing (default geometric)")
+    budget.add_argument("--kv-ratio", type=float, default=_DEFAULT_SPEC.kv_step_ratio,
+                        help="geometric step between rungs (default 1.414)")
+    budget.add_argument("--kv-step", type=_count, default=_DEFAULT_SPEC.kv_step_tokens,
+                        metavar="TOKENS", help="linear step between rungs (default 32k)")
+
+
+def _read_status_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise BadInput(f"cannot read --status {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"--status {path} is not JSON: {exc}") from None
+
+
+async def _fetch_status(url: str, api_key: str | None, timeout_s: float) -> CacheStatus:
+    from ladder.client import ClientError, FtServeClient
+
+    try:
+        async with FtServeClient(url, api_key=api_key, timeout_s=timeout_s) as client:
+            return await client.cache_status()
+    except ClientError as exc:
+        raise BadInput(f"--server {url}: {exc}") from None
+
+
+def _load_status(args: argparse.Namespace) -> CacheStatus:
+    if args.status is not None and args.server is not None:
+        raise BadInput("give --status or --server, not both")
+    if args.status is not None:
+        doc = _read_status_file(args.status)
+        try:
+            return parse_cache_status(doc)
+        except StatusError as exc:
+            raise BadInput(f"--status {args.status}: {exc}") from None
+    api_key = args.api_key or os.environ.get("LADDER_API_KEY") or os.environ.get(
+        "FREETOKEN_API_KEY")
+    return asyncio.run(_fetch_status(args.server or DEFAULT_SERVER, api_key, args.timeout_s))
+
+
+def _spec(args: argparse.Namespace) -> LadderSpec:
+    try:
+        return LadderSpec(kv_floor_tokens=args.kv_floor, kv_max_tokens=args.kv_max,
+                          spacing=args.spacing, kv_step_ratio=args.kv_ratio,
+                          kv_step_tokens=args.kv_step, reserve_bytes=args.reserve)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _model(args: argparse.Namespace, status: CacheStatus) -> MemoryModel:
+    return MemoryModel.from_status(status, fixed_bytes=args.fixed_bytes,
+                                   reserve_bytes=args.reserve)
+
+
+def _target(text: str, status: CacheStatus) -> Geometry:
+    try:
+        wanted = parse_target(text)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    live, shape = status.geometry, status.shape
+    pages = live.num_pages
+    if "kv" in wanted:
+        pages = shape.pages_for_tokens(wanted["kv"])
+    elif "kv_pages" in wanted:
+        pages = wanted["kv_pages"]
+    return Geometry(wanted.get("moe", live.moe_cache_size), pages,
+                    wanted.get("mamba", live.num_mamba_slots), live.num_swa_pages)
+
+
+def _emit(args: argparse.Namespace, obj: Any, text: str) -> None:
+    print(json.dumps(obj, indent=2) if args.json else text)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    status = _load_status(args)
+    model = _model(args, status)
+    plan = plan_transition(model, status.geometry, _target(args.to, status))
+    _emit(args, plan.to_json(), render_plan(plan, model))
+    return 0 if plan.feasible else 1
+
+
+def cmd_rungs(args: argparse.Namespace) -> int:
+    status = _load_status(args)
+    model = _model(args, status)
+    ladder = build_ladder(model, status.geometry, _spec(args))
+    obj = {"budget_bytes": model.budget_bytes,
+           "rungs": [r.to_json() for r in ladder.rungs],
+           "live_rung": ladder.index_of(status.geometry),
+           "dropped": [{"kv_tokens": d.kv_tokens, "reason": d.reason} for d in ladder.dropped]}
+    _emit(args, obj, render_ladder(ladder, status.geometry))
+    return 0 if ladder.rungs else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _load_status(args)
+    model = _model(args, status)
+    ranges = reachable_ranges(model, status.geometry, status.limits)
+    ladder = build_ladder(model, status.geometry, _spec(args))
+    obj = {"state": status.state, "engine": status.engine.name,
+           "geometry": status.geometry.to_json(),
+           "allocated_bytes": model.total_bytes(status.geometry),
+           "budget_bytes": model.budget_bytes,
+           "live_rung": ladder.index_of(status.geometry),
+           "rungs": [r.to_json() for r in ladder.rungs],
+           "ranges": [{"pool": r.pool, "unit": r.unit, "min": r.minimum, "current": r.current,
+                       "max_keeping_others": r.max_keeping_others,
+                       "max_with_others_at_floor": r.max_with_others_at_floor,
+                       "advertised_max": r.advertised_max} for r in ranges]}
+    text = render_pools(status, model, ranges) + "\n\n" + render_ladder(ladder, status.geometry)
+    _emit(args, obj, text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ladder", description=(
+        "Resize ft serve's expert slots and KV pages without OOM: free-first plans, "
+        "precomputed rungs, and a daemon that steps between them."))
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("plan", help="plan a safe transition to a target geometry",
+                       description="Print the steps from the live geometry to --to, with the "
+                                   "peak bytes of each, next to what one rebuild call would "
+                                   "peak at. Exit 0 feasible, 1 infeasible, 2 bad input.")
+    p.add_argument("--to", required=True, metavar="moe=N,kv=TOKENS[,mamba=N]",
+                   help="target sizes; kv in tokens (k/m suffixes: 64k = 65536) or "
+                        "kv_pages=N; omitted pools keep their size")
+    _add_source(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("rungs", help="print the ladder of precomputed rungs",
+                       description="Print every rung (KV tokens, pages, expert slots, mamba "
+                                   "slots, bytes); every transition between two rungs is "
+                                   "planned and verified, unsafe rungs are dropped with why.")
+    _add_source(p)
+    p.set_defaults(func=cmd_rungs)
+
+    p = sub.add_parser("status", help="show the pools, the rung and the reachable ranges",
+                       description="Show the live pools like `ft ctl cache`, with the ranges "
+                                   "each pool can really reach live, and the ladder.")
+    _add_source(p)
+    p.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except BadInput as exc:
+        print(f"ladder: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Output piped into `head`: not an error of ours.
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

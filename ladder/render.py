@@ -1,0 +1,97 @@
+"""Human tables for the CLI, in the style of `ft ctl cache`. Pure: values in, text out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from engine.budget import MemoryModel
+from engine.geometry import CacheStatus, Geometry
+from engine.planner import Plan
+from ladder.rungs import Ladder, PoolRange
+from ladder.units import format_bytes
+
+__all__ = ["geometry_line", "render_ladder", "render_plan", "render_pools"]
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]
+
+
+def geometry_line(model: MemoryModel, g: Geometry) -> str:
+    parts = []
+    if model.shape.max_expert_slots:
+        parts.append(f"{g.moe_cache_size} slots")
+    parts.append(f"{g.num_pages * model.shape.page_size} tok")
+    if model.shape.has_mamba:
+        parts.append(f"{g.num_mamba_slots} mamba")
+    return ", ".join(parts)
+
+
+def render_pools(status: CacheStatus, model: MemoryModel, ranges: Sequence[PoolRange]) -> str:
+    """The live pools, with the honest reachable ranges next to the engine's advertised ones."""
+    g, shape = status.geometry, status.shape
+    pools = model.pool_bytes(g)
+    lines = [f"state={status.state}, {format_bytes(pools.total)} allocated "
+             f"(budget {format_bytes(model.budget_bytes)}, engine {status.engine.name})"]
+    by_pool = {r.pool: r for r in ranges}
+    rows = [["pool", "size", "vram", "reachable now", "after shrinking others",
+             "advertised"]]
+
+    def add(pool: str, size: str, nbytes: int) -> None:
+        r = by_pool[pool]
+        rows.append([pool, size, format_bytes(nbytes),
+                     f"{r.minimum}..{r.max_keeping_others}",
+                     f"{r.minimum}..{r.max_with_others_at_floor}",
+                     f"{r.minimum}..{r.advertised_max}"])
+
+    if shape.max_expert_slots:
+        share = 100 * g.moe_cache_size / shape.max_expert_slots
+        add("moe", f"{g.moe_cache_size} slots (lru, {share:.1f}%)", pools.moe)
+    add("kv", f"{g.num_pages * shape.page_size} tok ({g.num_pages} x {shape.page_size})", pools.kv)
+    if shape.has_mamba:
+        add("mamba", f"{g.num_mamba_slots} slots", pools.mamba)
+    lines += _table(rows)
+    return "\n".join(lines)
+
+
+def render_ladder(ladder: Ladder, live: Geometry) -> str:
+    model = ladder.model
+    live_index = ladder.index_of(live)
+    lines = [f"{len(ladder.rungs)} rungs within a budget of {format_bytes(model.budget_bytes)} "
+             f"(reserve {format_bytes(model.reserve_bytes)})"]
+    rows = [["", "rung", "kv tokens", "pages", "expert slots", "mamba slots", "bytes"]]
+    for rung in ladder.rungs:
+        g = rung.geometry
+        rows.append(["*" if rung.index == live_index else "", str(rung.index),
+                     str(rung.kv_tokens), str(g.num_pages), str(g.moe_cache_size),
+                     str(g.num_mamba_slots), format_bytes(rung.total_bytes)])
+    lines += _table(rows)
+    if live_index is None:
+        lines.append(f"  live geometry ({geometry_line(model, live)}) is not on the ladder")
+    for dropped in ladder.dropped:
+        lines.append(f"  dropped {dropped.kv_tokens} KV tokens: {dropped.reason}")
+    return "\n".join(lines)
+
+
+def render_plan(plan: Plan, model: MemoryModel) -> str:
+    budget = plan.budget_bytes
+    lines = [f"plan ({plan.engine}): {geometry_line(model, plan.start)}  ->  "
+             f"{geometry_line(model, plan.target)}",
+             f"budget {format_bytes(budget)} ({budget} B)"]
+    if plan.steps:
+        rows = [["step", "body", "peak", "after"]]
+        for n, step in enumerate(plan.steps, 1):
+            rows.append([str(n), json.dumps(dict(step.body)),
+                         f"{format_bytes(step.peak_bytes)} ({step.peak_bytes} B)",
+                         geometry_line(model, step.after)])
+        lines += _table(rows)
+    single = plan.single_call_peak_bytes
+    verdict = ("fits" if single <= budget
+               else f"over the budget by {format_bytes(single - budget)}: "
+                    "it can OOM and roll back")
+    lines.append(f"as one call: peak {format_bytes(single)} ({single} B), {verdict}")
+    lines.append(("feasible: " if plan.feasible else "infeasible: ") + plan.reason)
+    return "\n".join(lines)

@@ -1,0 +1,235 @@
+"""The ladder: precomputed geometries (rungs) the daemon steps between, all verified up front.
+
+Rungs are ordered by KV capacity. Each gives what the KV and mamba pools leave of the budget to
+expert slots (capped at `num_experts * num_moe_layers`), so rung 0 decodes fastest and the top
+rung holds the longest context. Every transition between any two rungs is planned here, once,
+and a rung that cannot be reached safely from every other is dropped with its reason: the
+controller never has to discover at run time that a step is impossible.
+
+Default spacing (why geometric, ratio sqrt(2), floor 4k): the cost of a rung is its unused KV,
+which becomes expert slots. reference-numbers.md §5 prices an extra 32k reserved tokens at
+~2 points of hit rate (0.36-0.75 ms/token) at 20-30 % residency, and 2-3x more below 15 %; a
+ratio-r ladder wastes at most (r - 1) of the live context, so the waste stays proportional to
+the context instead of a fixed 32k that dominates short chats (ShareGPT contexts: median 821,
+p99 2.5k tokens). Steps below 77k tokens are under PR #300's 32k; above, a step costs ~1-2 % of
+the context's own attention time, while the number of transitions an agentic session crosses
+(40k -> 200k: 5 rungs) matches PR #300's 32k ladder, and each transition costs a cold expert
+cache (64-160 tokens of warm-up plus the refill) and, on ft serve, ~1 s of refused requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.budget import MemoryModel
+from engine.geometry import Geometry, Limits
+from engine.planner import Plan, plan_transition
+
+__all__ = [
+    "DroppedRung",
+    "Ladder",
+    "LadderSpec",
+    "PoolRange",
+    "Rung",
+    "build_ladder",
+    "kv_levels",
+    "reachable_ranges",
+]
+
+log = logging.getLogger(__name__)
+
+Spacing = Literal["geometric", "linear"]
+
+
+@dataclass(frozen=True, slots=True)
+class LadderSpec:
+    """How to lay out the rungs; every field has the default argued in the module docstring."""
+
+    kv_floor_tokens: int = 4096
+    kv_max_tokens: int | None = None
+    spacing: Spacing = "geometric"
+    kv_step_ratio: float = math.sqrt(2)
+    kv_step_tokens: int = 32768
+    reserve_bytes: int = 0
+    mamba_slots: int | None = None
+    min_moe_slots: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_floor_tokens < 1:
+            raise ValueError("kv_floor_tokens must be at least 1")
+        if self.kv_max_tokens is not None and self.kv_max_tokens < self.kv_floor_tokens:
+            raise ValueError("kv_max_tokens is below kv_floor_tokens")
+        if self.spacing == "geometric" and not self.kv_step_ratio > 1.0:
+            raise ValueError("kv_step_ratio must be greater than 1")
+        if self.spacing == "linear" and self.kv_step_tokens < 1:
+            raise ValueError("kv_step_tokens must be at least 1")
+        if self.reserve_bytes < 0:
+            raise ValueError("reserve_bytes must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    index: int
+    geometry: Geometry
+    kv_tokens: int
+    total_bytes: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"index": self.index, "kv_tokens": self.kv_tokens,
+                "total_bytes": self.total_bytes, **self.geometry.to_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedRung:
+    kv_tokens: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    model: MemoryModel
+    rungs: tuple[Rung, ...]
+    dropped: tuple[DroppedRung, ...]
+    transitions: Mapping[tuple[int, int], Plan]
+
+    def rung_holding(self, kv_tokens: int) -> Rung | None:
+        """The lowest rung whose KV holds `kv_tokens`, or None when none does."""
+        return next((r for r in self.rungs if r.kv_tokens >= kv_tokens), None)
+
+    def index_of(self, geometry: Geometry) -> int | None:
+        return next((r.index for r in self.rungs if r.geometry.to_json() == geometry.to_json()),
+                    None)
+
+    @property
+    def top(self) -> Rung:
+        return self.rungs[-1]
+
+
+def _round_up(tokens: int, page_size: int) -> int:
+    return math.ceil(tokens / page_size) * page_size
+
+
+def kv_levels(spec: LadderSpec, *, page_size: int, kv_max_tokens: int) -> list[int]:
+    """KV token counts of the rungs, page-aligned, from the floor up to `kv_max_tokens`."""
+    top = kv_max_tokens // page_size * page_size
+    level = _round_up(spec.kv_floor_tokens, page_size)
+    levels: list[int] = []
+    while level < top:
+        levels.append(level)
+        raw = (level * spec.kv_step_ratio if spec.spacing == "geometric"
+               else level + spec.kv_step_tokens)
+        level = max(level + page_size, _round_up(math.ceil(raw), page_size))
+    if top >= page_size:
+        levels.append(top)
+    return levels
+
+
+def build_ladder(model: MemoryModel, live: Geometry, spec: LadderSpec) -> Ladder:
+    """The rungs for this engine and budget, each transition planned and verified."""
+    if spec.reserve_bytes != model.reserve_bytes:
+        model = MemoryModel(model.shape, model.units, model.floors, model.engine,
+                            model.cache_budget_bytes, model.fixed_bytes, spec.reserve_bytes)
+    shape = model.shape
+    mamba = live.num_mamba_slots if spec.mamba_slots is None else spec.mamba_slots
+    moe_floor = max(model.floors.moe_slots, spec.min_moe_slots or 0)
+    budget_kv_pages = model.max_kv_pages(moe_slots=moe_floor, mamba_slots=mamba,
+                                         swa_pages=live.num_swa_pages)
+    kv_max = budget_kv_pages * shape.page_size
+    if spec.kv_max_tokens is not None:
+        kv_max = min(kv_max, spec.kv_max_tokens)
+    dropped: list[DroppedRung] = []
+    candidates: list[Geometry] = []
+    floor_tokens = max(spec.kv_floor_tokens, model.floors.kv_tokens)
+    for kv_tokens in kv_levels(spec, page_size=shape.page_size, kv_max_tokens=kv_max):
+        if kv_tokens < floor_tokens:
+            dropped.append(DroppedRung(kv_tokens, f"below the engine's KV floor of "
+                                                  f"{model.floors.kv_tokens} tokens"))
+            continue
+        pages = kv_tokens // shape.page_size
+        moe = (model.max_moe_slots(kv_pages=pages, mamba_slots=mamba,
+                                   swa_pages=live.num_swa_pages)
+               if shape.max_expert_slots else live.moe_cache_size)
+        if shape.max_expert_slots and moe < moe_floor:
+            dropped.append(DroppedRung(kv_tokens, f"leaves room for {moe} expert slots, below "
+                                                  f"the floor of {moe_floor}"))
+            continue
+        candidates.append(Geometry(moe, pages, mamba, live.num_swa_pages))
+    if not candidates:
+        dropped.append(DroppedRung(kv_max, "no KV size fits the budget with the pool floors"))
+    transitions: dict[tuple[int, int], Plan] = {}
+    while True:
+        transitions = {}
+        bad: dict[int, str] = {}
+        for i, a in enumerate(candidates):
+            for j, b in enumerate(candidates):
+                if i == j:
+                    continue
+                plan = plan_transition(model, a, b)
+                transitions[(i, j)] = plan
+                if not plan.feasible and j not in bad:
+                    bad[j] = (f"unreachable from {a.num_pages * shape.page_size} KV tokens: "
+                              f"{plan.reason}")
+        if not bad:
+            break
+        for j in sorted(bad, reverse=True):
+            dropped.append(DroppedRung(candidates[j].num_pages * shape.page_size, bad[j]))
+            del candidates[j]
+    for d in dropped:
+        log.info("rung dropped", extra={"kv_tokens": d.kv_tokens, "reason": d.reason})
+    rungs = tuple(Rung(i, g, g.num_pages * shape.page_size, model.total_bytes(g))
+                  for i, g in enumerate(candidates))
+    return Ladder(model, rungs, tuple(sorted(dropped, key=lambda d: d.kv_tokens)), transitions)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRange:
+    """How far one pool can be resized live, honestly.
+
+    `max_keeping_others`: the largest size with the other pools as they are (one call).
+    `max_with_others_at_floor`: the largest size once the other pools shrink to their floors,
+    which the planner reaches safely (shrinks first). `advertised_max` is the engine's own
+    single-pool `limits.*.max`, which ignores the other pools.
+    """
+
+    pool: str
+    unit: str
+    minimum: int
+    current: int
+    max_keeping_others: int
+    max_with_others_at_floor: int
+    advertised_max: int
+
+
+def reachable_ranges(model: MemoryModel, live: Geometry, limits: Limits) -> tuple[PoolRange, ...]:
+    shape, floors = model.shape, model.floors
+    swa = live.num_swa_pages
+    moe_floor = floors.moe_slots if shape.max_expert_slots else live.moe_cache_size
+    kv_floor_pages = max(1, math.ceil(floors.kv_tokens / shape.page_size))
+    mamba_floor = floors.mamba_slots if shape.has_mamba else 0
+    ranges = []
+    if shape.max_expert_slots:
+        ranges.append(PoolRange(
+            "moe", "slots", floors.moe_slots, live.moe_cache_size,
+            model.max_moe_slots(kv_pages=live.num_pages, mamba_slots=live.num_mamba_slots,
+                                swa_pages=swa),
+            model.max_moe_slots(kv_pages=kv_floor_pages, mamba_slots=mamba_floor, swa_pages=swa),
+            limits.moe_experts_max))
+    page = shape.page_size
+    ranges.append(PoolRange(
+        "kv", "tokens", floors.kv_tokens, live.num_pages * page,
+        page * model.max_kv_pages(moe_slots=live.moe_cache_size,
+                                  mamba_slots=live.num_mamba_slots, swa_pages=swa),
+        page * model.max_kv_pages(moe_slots=moe_floor, mamba_slots=mamba_floor, swa_pages=swa),
+        limits.kv_tokens_max))
+    if shape.has_mamba:
+        ranges.append(PoolRange(
+            "mamba", "slots", floors.mamba_slots, live.num_mamba_slots,
+            model.max_mamba_slots(moe_slots=live.moe_cache_size, kv_pages=live.num_pages,
+                                  swa_pages=swa),
+            model.max_mamba_slots(moe_slots=moe_floor, kv_pages=kv_floor_pages, swa_pages=swa),
+            limits.mamba_slots_max))
+    return tuple(ranges)

@@ -1,0 +1,124 @@
+"""`ladder plan`, `ladder rungs`, `ladder status`: output, the --json contract, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ladder.cli import main
+from tests.conftest import FIXTURES
+
+REPORT = str(FIXTURES / "seed-rtx5080-status.json")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("to", "bodies"),
+    [
+        ("moe=1024,kv=65536", [{"num_pages": 1024}, {"moe_cache_size": 1024}]),
+        ("moe=1400,kv=8192,mamba=4",
+         [{"num_pages": 128, "num_mamba_slots": 4}, {"moe_cache_size": 1400}]),
+        ("moe=1k,kv=64k", [{"num_pages": 1024}, {"moe_cache_size": 1024}]),
+    ],
+)
+def test_plan_json_for_the_report(capsys: pytest.CaptureFixture[str], to: str,
+                                  bodies: list[dict[str, int]]) -> None:
+    code, out, _ = run(capsys, "plan", "--status", REPORT, "--to", to, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["feasible"] is True
+    assert doc["engine"] == "freetoken"
+    assert [s["body"] for s in doc["steps"]] == bodies
+    assert doc["peak_bytes"] <= doc["budget_bytes"] < doc["single_call_peak_bytes"]
+    assert doc["to"] == doc["steps"][-1]["after"]
+
+
+def test_plan_table_shows_the_single_call_next_to_the_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "plan", "--status", REPORT, "--to", "moe=1024,kv=64k")
+    assert code == 0
+    assert '{"num_pages": 1024}' in out and '{"moe_cache_size": 1024}' in out
+    assert "as one call: peak 5.5 GiB" in out and "OOM" in out
+
+
+def test_infeasible_plan_exits_1_with_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--status", REPORT, "--to", "moe=2000,kv=64", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["feasible"] is False and "over the budget" in doc["reason"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["plan", "--status", REPORT, "--to", "moe=abc"], "--to moe: 'abc' is not a count"),
+        (["plan", "--status", REPORT, "--to", "experts=5"], "is not pool=size"),
+        (["plan", "--status", REPORT, "--to", "kv=1k,kv_pages=3"], "not both"),
+        (["plan", "--status", "/nonexistent.json", "--to", "moe=1"], "cannot read --status"),
+        (["plan", "--status", REPORT, "--server", "http://127.0.0.1:1", "--to", "moe=1"],
+         "not both"),
+        (["rungs", "--status", REPORT, "--kv-ratio", "0.5"], "kv_step_ratio"),
+        (["plan", "--status", REPORT], "--to"),
+        (["rungs", "--status", REPORT, "--reserve", "lots"], "byte size"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                         words: str) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = int(exc.code or 0)
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert words in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_broken_status_file_names_the_field(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    doc = json.loads(Path(REPORT).read_text())
+    doc["geometry"]["unit_bytes"]["moe_per_expert"] = 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "rungs", "--status", str(bad))
+    assert code == 2
+    assert "geometry.unit_bytes.moe_per_expert" in err
+    (tmp_path / "junk.json").write_text("{not json")
+    code, _, err = run(capsys, "rungs", "--status", str(tmp_path / "junk.json"))
+    assert code == 2 and "is not JSON" in err
+
+
+def test_rungs_and_status(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "rungs", "--status", REPORT, "--kv-max", "256k", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["rungs"][0]["kv_tokens"] == 4096
+    assert doc["rungs"][-1]["kv_tokens"] == 262144
+    assert doc["live_rung"] is None
+    code, out, _ = run(capsys, "status", "--status", REPORT)
+    assert code == 0
+    assert "reachable now" in out and "512..1843" in out and "512..722" in out
+    code, out, _ = run(capsys, "status", "--status", REPORT, "--json")
+    ranges = {r["pool"]: r for r in json.loads(out)["ranges"]}
+    assert ranges["moe"]["max_keeping_others"] == 722
+
+
+def test_console_script_is_installed() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ladder.cli", "plan", "--status", REPORT,
+                           "--to", "moe=1024,kv=64k", "--json"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["feasible"] is True
+    help_text = subprocess.run([sys.executable, "-m", "ladder.cli", "plan", "--help"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout
+    assert "--to" in help_text and "Exit 0 feasible" in help_text
