@@ -108,9 +108,8 @@ def _load_status(args: argparse.Namespace) -> CacheStatus:
             return parse_cache_status(doc)
         except StatusError as exc:
             raise BadInput(f"--status {args.status}: {exc}") from None
-    api_key = args.api_key or os.environ.get("LADDER_API_KEY") or os.environ.get(
-        "FREETOKEN_API_KEY")
-    return asyncio.run(_fetch_status(args.server or DEFAULT_SERVER, api_key, args.timeout_s))
+    return asyncio.run(_fetch_status(args.server or DEFAULT_SERVER, _api_key(args),
+                                     args.timeout_s))
 
 
 def _spec(args: argparse.Namespace) -> LadderSpec:
@@ -186,6 +185,150 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_key(args: argparse.Namespace) -> str | None:
+    key: str | None = args.api_key or os.environ.get("LADDER_API_KEY") or os.environ.get(
+        "FREETOKEN_API_KEY")
+    return key
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from ladder.client import FtServeClient
+    from ladder.executor import ApplySettings, apply_target
+
+    if args.status is not None:
+        raise BadInput("apply changes a live server: give --server, not --status")
+    if args.dry_run:
+        args.server = args.server or DEFAULT_SERVER
+        return cmd_plan(args)
+    url = args.server or DEFAULT_SERVER
+    settings = ApplySettings(rebuild_wait_s=args.wait_s, idle_wait_s=args.idle_wait_s,
+                             fixed_bytes=args.fixed_bytes, reserve_bytes=args.reserve)
+
+    def show(event: str, payload: dict[str, Any]) -> None:
+        if not args.json:
+            print(f"  {event}: {json.dumps(payload)}", flush=True)
+
+    async def go() -> Any:
+        async with FtServeClient(url, api_key=_api_key(args), timeout_s=args.timeout_s) as c:
+            return await apply_target(c, lambda status: _target(args.to, status),
+                                      settings=settings, on_event=show)
+
+    result = asyncio.run(go())
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        verdict = "reached" if result.reached else "NOT reached"
+        final = "unknown" if result.final is None else json.dumps(result.final.to_json())
+        print(f"{verdict}: {result.reason}\n  final geometry {final}")
+        if result.needs_restart:
+            print("  the server needs a restart", flush=True)
+    return 0 if result.reached else 1
+
+
+def _engine_config(args: argparse.Namespace) -> Any:
+    from engine.decoder import ModelSpec
+    from engine.runtime import EngineConfig
+    from engine.scenarios import report_config
+
+    try:
+        if args.scenario == "report":
+            return report_config(args.rebuild_mode, device=args.device)
+        spec = ModelSpec(num_layers=args.layers, num_experts=args.experts, top_k=args.top_k,
+                         hidden=args.hidden, expert_hidden=args.expert_hidden,
+                         head_dim=args.head_dim, state_heads=args.state_heads,
+                         page_size=args.page_size, routing_preset=args.routing, seed=args.seed)
+        if args.device_memory_bytes is None and args.cache_budget is None:
+            raise BadInput("give --device-memory-bytes (the card to emulate) or --cache-budget")
+        return EngineConfig(
+            model=spec, device=args.device, device_memory_bytes=args.device_memory_bytes,
+            memory_ratio=args.memory_ratio, cache_budget_bytes=args.cache_budget,
+            moe_cache_size=args.moe_cache_size or spec.num_experts,
+            num_pages=-(-args.kv_tokens // spec.page_size),
+            num_mamba_slots=args.mamba_slots, max_running_requests=args.max_running_requests,
+            max_seq_len=args.max_seq_len, rebuild_mode=args.rebuild_mode,
+            chunk_bytes=args.chunk_bytes)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine.runtime import ReferenceEngine
+    from engine.server import serve
+
+    config = _engine_config(args)
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise BadInput("--device cuda: no CUDA device is available")
+    try:
+        engine = ReferenceEngine(config)
+    except torch.OutOfMemoryError as exc:
+        raise BadInput(f"the initial geometry does not fit the card: {exc}") from None
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"ladder engine: WARNING: listening on {args.host} without --api-key",
+              file=sys.stderr)
+
+    def ready(port: int) -> None:
+        g = engine.geometry()
+        print(f"reference engine on http://{args.host}:{port} ({config.rebuild_mode} "
+              f"rebuilds, {config.device}): {g.moe_cache_size} expert slots, "
+              f"{g.num_pages * config.model.page_size} KV tokens, {g.num_mamba_slots} mamba "
+              f"slots, budget {engine.memory_model.cache_budget_bytes} B", flush=True)
+
+    asyncio.run(serve(engine, host=args.host, port=args.port, api_key=args.api_key,
+                      on_ready=ready))
+    return 0
+
+
+def _add_engine(sub: Any) -> None:
+    p = sub.add_parser(
+        "engine", help="run the reference engine (ft serve's control API on torch pools)",
+        description="Serve the reference engine: a tiny MoE decoder on real torch pools "
+                    "behind ft serve's control API, with chunked, content-keeping rebuilds "
+                    "(incremental) or ft serve's own (freetoken).")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=1919, help="listen port (default 1919)")
+    p.add_argument("--api-key", default=None, help="require this bearer token, as ft serve "
+                                                   "0.2.1 does (all routes but /health)")
+    p.add_argument("--scenario", choices=("report",), default=None,
+                   help="report: the motivating report's RTX 5080 geometry, scaled")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--device-memory-bytes", type=_bytes, default=None, metavar="BYTES",
+                   help="behave as a card of this size: a filler outside torch on CUDA, the "
+                        "pool allocator's cap on the CPU (e.g. 16GiB)")
+    p.add_argument("--memory-ratio", type=float, default=0.9,
+                   help="budget = ratio x card - weights, as ft serve (default 0.9)")
+    p.add_argument("--cache-budget", type=_bytes, default=None, metavar="BYTES",
+                   help="set cache_budget_bytes directly")
+    p.add_argument("--rebuild-mode", choices=("incremental", "freetoken"),
+                   default="incremental", help="how rebuilds run (default incremental)")
+    p.add_argument("--chunk-bytes", type=_bytes, default=2 << 20, metavar="BYTES",
+                   help="pool chunk size (default 2MiB)")
+    pools = p.add_argument_group("initial geometry")
+    pools.add_argument("--moe-cache-size", type=_count, default=0,
+                       help="expert slots (default: one per expert)")
+    pools.add_argument("--kv-tokens", type=_count, default=16384, help="KV tokens (default 16k)")
+    pools.add_argument("--mamba-slots", type=_count, default=8, help="state slots (default 8)")
+    pools.add_argument("--max-running-requests", type=int, default=4)
+    pools.add_argument("--max-seq-len", type=_count, default=1 << 20,
+                       help="the model's context limit (default 1m)")
+    model = p.add_argument_group("model shape")
+    model.add_argument("--layers", type=int, default=8)
+    model.add_argument("--experts", type=int, default=64)
+    model.add_argument("--top-k", type=int, default=4)
+    model.add_argument("--hidden", type=int, default=64)
+    model.add_argument("--expert-hidden", type=int, default=128)
+    model.add_argument("--head-dim", type=int, default=32)
+    model.add_argument("--state-heads", type=int, default=1)
+    model.add_argument("--page-size", type=int, default=16)
+    model.add_argument("--routing", choices=("A", "B", "C"), default="A",
+                       help="routing locality preset (reference-numbers.md 2.3)")
+    model.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_engine)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ladder", description=(
         "Resize ft serve's expert slots and KV pages without OOM: free-first plans, "
@@ -202,6 +345,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source(p)
     p.set_defaults(func=cmd_plan)
 
+    p = sub.add_parser("apply", help="execute a safe plan against a live server",
+                       description="Plan like `ladder plan`, then execute step by step: wait "
+                                   "for a safe moment, send one rebuild, read the geometry "
+                                   "back, and only then the next step. Exit 0 reached, 1 not "
+                                   "reached (the reason says why), 2 bad input.")
+    p.add_argument("--to", required=True, metavar="moe=N,kv=TOKENS[,mamba=N]",
+                   help="target sizes, as for `ladder plan`")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, send nothing")
+    p.add_argument("--wait-s", type=float, default=300.0,
+                   help="how long the server may take per rebuild (default 300)")
+    p.add_argument("--idle-wait-s", type=float, default=600.0,
+                   help="how long to wait for a safe moment (default 600)")
+    _add_source(p)
+    p.set_defaults(func=cmd_apply)
+
     p = sub.add_parser("rungs", help="print the ladder of precomputed rungs",
                        description="Print every rung (KV tokens, pages, expert slots, mamba "
                                    "slots, bytes); every transition between two rungs is "
@@ -214,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "each pool can really reach live, and the ladder.")
     _add_source(p)
     p.set_defaults(func=cmd_status)
+    _add_engine(sub)
     return parser
 
 

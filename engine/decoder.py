@@ -1,0 +1,215 @@
+"""A tiny MoE decoder whose speed comes from real work on the pools it shares with the server.
+
+L layers, each: single-head attention over the request's paged KV, a recurrent state kept in
+the state pool, and a top-k mixture of E experts whose weights live in a host bank (pinned on
+CUDA) and are copied into expert slots on a miss. Nothing is modelled by a formula: a miss costs
+a host-to-device copy, a long context costs attention over more pages.
+
+The router's choices come from `engine.routing` (seeded per request, with real models' skew
+and locality), never from the cache state, and every request is computed alone, so the same
+prompt and seed give the same tokens whatever the pools did meanwhile: moving a page or an
+expert copies its bytes exactly, and the arithmetic that reads them is unchanged.
+
+Prefill writes the prompt's KV from its embeddings without the expert mixture (large
+dispatches bypass the expert cache, as imp PR 1408 does, so a prefill cannot evict the decode
+set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.pools import ExpertSlotPool, PagedKVPool, StatePool
+from engine.routing import PRESETS, Router, RoutingStream
+
+__all__ = ["DecodeRequest", "ModelSpec", "TinyMoE"]
+
+_FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """The tiny model's shape; the byte sizes follow from it."""
+
+    num_layers: int = 8
+    num_experts: int = 64
+    top_k: int = 4
+    hidden: int = 64
+    expert_hidden: int = 128
+    head_dim: int = 32
+    state_heads: int = 1
+    vocab_size: int = 4100
+    output_vocab: int = 4096
+    page_size: int = 16
+    routing_preset: str = "A"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.num_layers, self.num_experts, self.top_k, self.hidden, self.expert_hidden,
+               self.head_dim, self.state_heads, self.page_size) < 1:
+            raise ValueError("every model dimension must be at least 1")
+        if self.top_k > self.num_experts:
+            raise ValueError("top_k must not exceed num_experts")
+        if self.routing_preset not in PRESETS:
+            raise ValueError(f"routing_preset must be one of {sorted(PRESETS)}")
+
+    @property
+    def expert_bytes(self) -> int:
+        return 2 * self.hidden * self.expert_hidden * _FLOAT_BYTES
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.head_dim * _FLOAT_BYTES
+
+    @property
+    def dense_weight_bytes(self) -> int:
+        """Bytes of the weights kept on the device outside the pools (`TinyMoE.dense_weights`)."""
+        h, d, n = self.hidden, self.head_dim, self.num_layers
+        sd = self.state_heads * d
+        floats = (2 * self.vocab_size * h + 4 * n * h * d + n * h * self.num_experts
+                  + 4 * n * h * sd)
+        return floats * _FLOAT_BYTES
+
+    @property
+    def state_bytes(self) -> int:
+        """A gated-delta-style state: one head_dim x head_dim matrix per head and layer."""
+        return self.num_layers * self.state_heads * self.head_dim**2 * _FLOAT_BYTES
+
+
+def request_seed(prompt_ids: list[int], seed: int) -> int:
+    """A routing seed that depends only on the request itself."""
+    digest = hashlib.blake2b(repr((prompt_ids, seed)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass(slots=True)
+class DecodeRequest:
+    """A running request's decoding state (mutable: it advances token by token)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    routing: RoutingStream
+    position: int = 0
+    last_token: int = 0
+    generated: int = 0
+
+
+class TinyMoE:
+    """Weights on the device, the expert bank on the host, compute over the shared pools."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device) -> None:
+        self.spec = spec
+        self.device = device
+        gen = torch.Generator().manual_seed(spec.seed)
+        h, d, n_layers = spec.hidden, spec.head_dim, spec.num_layers
+
+        def weight(*shape: int, scale: float) -> torch.Tensor:
+            return (torch.randn(*shape, generator=gen) * scale).to(device)
+
+        self.embed = weight(spec.vocab_size, h, scale=1.0)
+        self.wq = weight(n_layers, h, d, scale=1 / math.sqrt(h))
+        self.wk = weight(n_layers, h, d, scale=1 / math.sqrt(h))
+        self.wv = weight(n_layers, h, d, scale=1 / math.sqrt(h))
+        self.wo = weight(n_layers, d, h, scale=1 / math.sqrt(d))
+        self.wgate = weight(n_layers, h, spec.num_experts, scale=1 / math.sqrt(h))
+        self.wout = weight(h, spec.vocab_size, scale=1 / math.sqrt(h))
+        sd = spec.state_heads * d
+        self.ws_k = weight(n_layers, h, sd, scale=1 / math.sqrt(h))
+        self.ws_v = weight(n_layers, h, sd, scale=1 / math.sqrt(h))
+        self.ws_q = weight(n_layers, h, sd, scale=1 / math.sqrt(h))
+        self.ws_o = weight(n_layers, sd, h, scale=1 / math.sqrt(sd))
+        bank = torch.randn(n_layers, spec.num_experts, spec.expert_bytes // _FLOAT_BYTES,
+                           generator=gen) * (1 / math.sqrt(h))
+        # Pinned host memory makes a miss a DMA at PCIe speed instead of a pageable copy (~7x).
+        self.host_bank = bank.pin_memory() if device.type == "cuda" else bank
+        routing = PRESETS[spec.routing_preset].with_shape(
+            n_layers, spec.num_experts, spec.top_k)
+        self.router = Router(routing, n_layers, seed=spec.seed)
+
+    def dense_weights(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the model keeps on the device outside the pools."""
+        return (self.embed, self.wq, self.wk, self.wv, self.wo, self.wgate, self.wout,
+                self.ws_k, self.ws_v, self.ws_q, self.ws_o)
+
+    def new_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
+                    seed: int) -> DecodeRequest:
+        return DecodeRequest(request_id, list(prompt_ids), max_tokens,
+                             self.router.stream(request_seed(prompt_ids, seed)))
+
+    def _kv_page(self, kv: PagedKVPool, page: int) -> torch.Tensor:
+        s = self.spec
+        return kv.page_view(page).view(torch.float32).view(s.num_layers, 2, s.page_size,
+                                                            s.head_dim)
+
+    def prefill(self, req: DecodeRequest, kv: PagedKVPool, states: StatePool) -> None:
+        """Write the KV of all prompt tokens but the last, which the first decode step reads."""
+        s = self.spec
+        pages = kv.page_table(req.request_id)
+        body = req.prompt_ids[:-1]
+        if body:
+            x = self.embed[torch.tensor(body, device=self.device)]
+            keys = torch.einsum("th,lhd->ltd", x, self.wk)
+            values = torch.einsum("th,lhd->ltd", x, self.wv)
+            for start in range(0, len(body), s.page_size):
+                page = self._kv_page(kv, pages[start // s.page_size])
+                end = min(len(body), start + s.page_size)
+                page[:, 0, : end - start] = keys[:, start:end]
+                page[:, 1, : end - start] = values[:, start:end]
+        states.slot_view(states.slot_of(req.request_id)).zero_()
+        req.position = len(body)
+        req.last_token = req.prompt_ids[-1]
+
+    def decode_step(self, req: DecodeRequest, kv: PagedKVPool, experts: ExpertSlotPool,
+                    states: StatePool) -> int:
+        """One token: attention, state update and expert mixture in every layer."""
+        s = self.spec
+        pos = req.position
+        pages = kv.page_table(req.request_id)
+        n_pages = pos // s.page_size + 1
+        # One gather of the history per token; each layer reads its own slice.
+        history = torch.stack([self._kv_page(kv, p) for p in pages[:n_pages]])
+        page = self._kv_page(kv, pages[pos // s.page_size])
+        offset = pos % s.page_size
+        state = states.slot_view(states.slot_of(req.request_id)).view(torch.float32).view(
+            s.num_layers, s.state_heads, s.head_dim, s.head_dim)
+        choices = req.routing.step()
+        x = self.embed[req.last_token].clone()
+        for layer in range(s.num_layers):
+            q, k, v = x @ self.wq[layer], x @ self.wk[layer], x @ self.wv[layer]
+            page[layer, 0, offset] = k
+            page[layer, 1, offset] = v
+            keys = history[:, layer, 0].reshape(-1, s.head_dim)[: pos + 1].clone()
+            values = history[:, layer, 1].reshape(-1, s.head_dim)[: pos + 1].clone()
+            keys[pos], values[pos] = k, v
+            attn = torch.softmax(keys @ q / math.sqrt(s.head_dim), dim=0)
+            x = x + (attn @ values) @ self.wo[layer]
+            # Linear-attention recurrence: S = 0.9 S + k^T v per head, read out by q.
+            sk = torch.tanh(x @ self.ws_k[layer]).view(s.state_heads, s.head_dim)
+            sv = (x @ self.ws_v[layer]).view(s.state_heads, s.head_dim)
+            sq = (x @ self.ws_q[layer]).view(s.state_heads, 1, s.head_dim)
+            state[layer].mul_(0.9).add_(0.1 * sk.unsqueeze(2) * sv.unsqueeze(1))
+            x = x + (sq @ state[layer]).reshape(-1) @ self.ws_o[layer] / s.head_dim
+            chosen = [int(e) for e in choices[layer]]
+            gates = torch.softmax(x @ self.wgate[layer][:, chosen], dim=0)
+            mixed = torch.zeros_like(x)
+            for gate, expert in zip(gates, chosen, strict=True):
+                slot = experts.lookup(layer, expert)
+                if slot is None:
+                    slot = experts.admit(layer, expert, self.host_bank[layer, expert])
+                w = experts.slot_view(slot).view(torch.float32)
+                w_in = w[: s.hidden * s.expert_hidden].view(s.hidden, s.expert_hidden)
+                w_out = w[s.hidden * s.expert_hidden:].view(s.expert_hidden, s.hidden)
+                mixed += gate * (torch.relu(x @ w_in) @ w_out)
+            x = x + mixed
+            x = x * (math.sqrt(s.hidden) / (x.norm() + 1e-6))
+        # Only ordinary pieces are generated: specials would end or garble the text.
+        token = int(torch.argmax(x @ self.wout[:, : s.output_vocab]))
+        req.position += 1
+        req.last_token = token
+        req.generated += 1
+        return token

@@ -1,0 +1,350 @@
+"""The reference engine over real HTTP on loopback: ft serve's wire shapes and semantics,
+content-keeping resizes while decoding, exact accounting, and the report's two transitions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from engine.decoder import ModelSpec
+from engine.runtime import EngineConfig, RebuildMode, ReferenceEngine
+from engine.scenarios import report_config
+from engine.server import make_app
+from tests.conftest import FIXTURES
+
+Client = TestClient  # type: ignore[type-arg]
+MakeClient = Callable[..., Any]
+
+CAPTURED = FIXTURES / "freetoken-0.1.2"
+
+
+def small_config(mode: RebuildMode = "incremental", **overrides: Any) -> EngineConfig:
+    spec = ModelSpec(num_layers=4, num_experts=16, top_k=2, hidden=32, expert_hidden=64,
+                     head_dim=16, state_heads=2, page_size=16)
+    values: dict[str, Any] = {
+        "model": spec, "cache_budget_bytes": 8 << 20, "device_memory_bytes": 64 << 20,
+        "moe_cache_size": 32, "num_pages": 64, "num_mamba_slots": 4,
+        "max_running_requests": 4, "rebuild_mode": mode, "chunk_bytes": 64 << 10,
+        "max_seq_len": 4096}
+    values.update(overrides)
+    return EngineConfig(**values)
+
+
+@pytest.fixture
+def serve(aiohttp_client: MakeClient) -> Callable[..., Any]:
+    """Start an engine behind a real loopback server; pytest-aiohttp tears both down."""
+
+    async def start(config: EngineConfig, **kwargs: Any) -> tuple[ReferenceEngine, Client]:
+        engine = ReferenceEngine(config)
+        client = await aiohttp_client(make_app(engine, **kwargs))
+        return engine, client
+
+    return start
+
+
+def words(n: int, offset: int = 0) -> str:
+    return " ".join(f"w{(i * 7 + offset) % 4000}" for i in range(n))
+
+
+async def complete(client: Client, prompt: str, max_tokens: int, **extra: Any) -> Any:
+    resp = await client.post("/v1/completions",
+                             json={"prompt": prompt, "max_tokens": max_tokens, **extra})
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+# ---- wire shapes ------------------------------------------------------------------------
+
+def shape(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+# Every deliberate difference from ft serve 0.1.2, and why:
+DIFFERENCES = {
+    # The reference engine says how it executes a rebuild, so the planner prices it right.
+    "cache_status": {"engine"},
+    # ft serve fills `reasoning` once its tokenizer is warm; the tiny engine has no gears.
+    "cache_status.geometry.reasoning": {"type"},
+    # ft serve leaves tokens and ttft null for /v1/completions and /generate; the reference
+    # engine always counts them (the gate tightens its size bound from them).
+    "requests.entries": {"ttft_ms", "prompt_tokens", "completion_tokens"},
+}
+
+
+def assert_same_shape(ours: Any, theirs: Any, path: str) -> None:
+    allowed = DIFFERENCES.get(path, set())
+    if isinstance(theirs, dict):
+        assert isinstance(ours, dict), path
+        missing = set(theirs) - set(ours)
+        extra = set(ours) - set(theirs) - allowed
+        assert not missing, f"{path}: keys missing {missing}"
+        assert not extra, f"{path}: keys ft serve does not have {extra}"
+        for key in theirs:
+            if key in allowed or "type" in DIFFERENCES.get(f"{path}.{key}", set()):
+                continue
+            assert_same_shape(ours[key], theirs[key], f"{path}.{key}")
+    elif isinstance(theirs, list):
+        assert isinstance(ours, list), path
+        if theirs and ours:
+            assert_same_shape(ours[0], theirs[0], path)
+    else:
+        assert shape(ours) == shape(theirs) or "null" in (shape(theirs),), (
+            f"{path}: {shape(ours)} vs ft serve's {shape(theirs)}")
+
+
+def captured(name: str) -> Any:
+    return json.loads((CAPTURED / name).read_text())
+
+
+async def test_documents_have_ft_serve_keys_and_types(serve: Any) -> None:
+    _, client = await serve(small_config())
+    await complete(client, words(20), 4)
+    resp = await client.post("/v1/cache/rebuild", json={"num_pages": 60})
+    assert resp.status == 200
+    assert_same_shape(await resp.json(), captured("rebuild.shrink_kv.json"), "rebuild")
+    pairs = [
+        ("/health", "health.serving.json", "health"),
+        ("/v1/cache/status", "cache_status.after_resizes.json", "cache_status"),
+        ("/v1/stats", "stats.after_generation.json", "stats"),
+        ("/v1/requests", "requests.after_generation.json", "requests"),
+        ("/v1/models", "models.json", "models"),
+    ]
+    for route, fixture, name in pairs:
+        resp = await client.get(route)
+        assert resp.status == 200
+        assert_same_shape(await resp.json(), captured(fixture), name)
+    body = await complete(client, words(5), 3)
+    assert_same_shape(body, captured("completions.1.json"), "completions")
+    resp = await client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3})
+    assert_same_shape(await resp.json(), captured("chat_completion.1.json"), "chat")
+
+
+async def test_generate_streams_sse_like_ft_serve(serve: Any) -> None:
+    _, client = await serve(small_config())
+    resp = await client.post("/generate", json={"prompt": "hello world", "max_tokens": 5})
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = [line for line in (await resp.text()).split("\n\n") if line]
+    assert events[-1] == "data: [DONE]"
+    assert len(events) == 6
+    first = json.loads(events[0].removeprefix("data: "))
+    assert set(first) == {"text"} and first["text"].startswith("w")
+    want = (CAPTURED / "generate.sse.txt").read_text().split("\n\n")[0]
+    assert set(json.loads(want.removeprefix("data: "))) == set(first)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fixture"),
+    [
+        ({"moe_cache_size": 1}, 503, "rebuild.invalid_moe_below_floor.json"),
+        ({"num_pages": 0}, 503, "rebuild.invalid_num_pages_zero.json"),
+        ({"num_pages": 10**9}, 503, "rebuild.invalid_over_budget.json"),
+        ({"num_mamba_slots": 1}, 503, "rebuild.invalid_mamba_below_floor.json"),
+        ({"num_swa_pages": 16}, 503, "rebuild.invalid_swa_no_window_pool.json"),
+        ({"num_pages": 60, "mode": "drain"}, 422, "rebuild.invalid_mode_drain.json"),
+        ({"num_swa_pages": 4, "swa_full_tokens_ratio": 0.5}, 422, "rebuild.invalid_swa_both.json"),
+        ({"swa_full_tokens_ratio": 1.5}, 422, "rebuild.invalid_swa_ratio_range.json"),
+        ({"num_pages": "lots"}, 422, "rebuild.invalid_type.json"),
+        ({}, 200, "rebuild.noop_empty_body.json"),
+    ],
+)
+async def test_rebuild_validation_matches_ft_serve(serve: Any, body: dict[str, Any],
+                                                   status: int, fixture: str) -> None:
+    engine, client = await serve(small_config())
+    before = engine.geometry()
+    resp = await client.post("/v1/cache/rebuild", json=body)
+    assert resp.status == status
+    ours, theirs = await resp.json(), captured(fixture)
+    assert_same_shape(ours, theirs, "rebuild")
+    if "status" in theirs:
+        assert ours["status"] == theirs["status"]
+    if theirs.get("error") and "> budget" in theirs["error"]:
+        assert "old cache kept, still serving" in ours["error"]
+    assert engine.geometry() == before
+
+
+async def test_busy_409_504_and_state_while_rebuilding(serve: Any) -> None:
+    engine, client = await serve(small_config("freetoken"))
+    # A generation is running: freetoken mode refuses with 503 busy, as ft serve.
+    gen = asyncio.create_task(complete(client, words(10), 60))
+    while not engine.running:
+        await asyncio.sleep(0.001)
+    resp = await client.post("/v1/cache/rebuild", json={"num_pages": 50})
+    assert resp.status == 503
+    assert (await resp.json())["status"] == "busy"
+    await gen
+    # 504 with the server still rebuilding, then 409 for a second call.
+    engine2, client2 = await serve(small_config())
+    long_gen = asyncio.create_task(complete(client2, words(10), 200))
+    while not engine2.running:
+        await asyncio.sleep(0.001)
+    resp = await client2.post("/v1/cache/rebuild",
+                              json={"moe_cache_size": 64, "num_pages": 40, "timeout": 0.0})
+    assert resp.status == 504
+    timeout_body = await resp.json()
+    assert timeout_body["status"] == "timeout"
+    status = await (await client2.get("/v1/cache/status")).json()
+    assert status["state"] == "rebuilding"
+    resp = await client2.post("/v1/cache/rebuild", json={"num_pages": 50})
+    assert resp.status == 409
+    assert await resp.json() == captured("rebuild.concurrent_busy.json")
+    while (await (await client2.get("/v1/cache/status")).json())["state"] == "rebuilding":
+        await asyncio.sleep(0.005)
+    status = await (await client2.get("/v1/cache/status")).json()
+    assert status["last_rebuild"]["request_id"] == timeout_body["request_id"]
+    assert status["geometry"]["num_pages"] == 40
+    await long_gen
+
+
+async def test_freetoken_mode_refuses_generation_while_rebuilding(serve: Any) -> None:
+    engine, client = await serve(small_config("freetoken"))
+    engine.state = "rebuilding"  # the instant between the flip and the reply
+    resp = await client.post("/generate", json={"prompt": "hi", "max_tokens": 2})
+    assert resp.status == 503
+    assert await resp.json() == captured("generate.during_rebuild.json")
+    engine.state = "serving"
+
+
+async def test_api_key_like_021(serve: Any) -> None:
+    _, client = await serve(small_config(), api_key="sekret")
+    assert (await client.get("/health")).status == 200
+    resp = await client.get("/v1/cache/status")
+    assert resp.status == 401
+    assert await resp.json() == {"error": "Unauthorized"}
+    ok = await client.get("/v1/cache/status", headers={"Authorization": "Bearer sekret"})
+    assert ok.status == 200
+    assert (await client.get("/v1/stats", headers={"x-api-key": "sekret"})).status == 200
+
+
+async def test_context_limit_follows_kv_and_max_tokens_is_clipped(serve: Any) -> None:
+    _, client = await serve(small_config(num_pages=8))  # 128 tokens
+    resp = await client.post("/v1/completions", json={"prompt": words(200), "max_tokens": 4})
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "context_length_exceeded"
+    body = await complete(client, words(100), 500)
+    assert body["usage"]["completion_tokens"] == 128 - 100  # clipped, as ft serve does
+
+
+# ---- content-keeping resizes ------------------------------------------------------------
+
+async def solo_tokens(prompt: str, max_tokens: int, seed: int) -> list[int]:
+    engine = ReferenceEngine(small_config())
+    await engine.start()
+    try:
+        ids = engine.tokenizer.encode(prompt)
+        return [t async for t in engine.generate(ids, max_tokens, seed=seed)]
+    finally:
+        await engine.close()
+
+
+async def test_resize_while_decoding_keeps_the_output(serve: Any) -> None:
+    prompt_a, prompt_b = words(50, 1), words(150, 2)
+    expected = await solo_tokens(prompt_a, 150, seed=7)
+    engine, client = await serve(small_config())
+    # B takes the low pages and ends soon, so A's pages sit above the shrink target.
+    task_b = asyncio.create_task(complete(client, prompt_b, 30, seed=3))
+    while not engine.running:
+        await asyncio.sleep(0.001)
+    task_a = asyncio.create_task(complete(client, prompt_a, 150, seed=7))
+    while len(engine.running) < 2:
+        await asyncio.sleep(0.001)
+    await task_b
+    while not engine.running:
+        await asyncio.sleep(0.001)
+    (rid,) = engine.running
+    pages_before = list(engine.kv.page_table(rid))
+    assert max(pages_before) >= 20
+    resp = await client.post("/v1/cache/rebuild",
+                             json={"moe_cache_size": 40, "num_pages": 20, "num_mamba_slots": 4})
+    assert resp.status == 200, await resp.text()
+    assert engine.kv.page_table(rid) != pages_before  # live pages really moved
+    assert max(engine.kv.page_table(rid)) <= 20  # page 0 is the dummy page
+    body = await task_a
+    ours = engine.tokenizer.encode(body["choices"][0]["text"])
+    assert ours == expected
+    assert engine.chunk_pauses  # decode ran between chunk operations
+
+
+def storage_bytes(engine: ReferenceEngine) -> int:
+    tensors = [t for pool in (engine.experts, engine.kv, engine.states)
+               for t in pool.chunk_tensors()]
+    return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+async def test_accounting_matches_torch(serve: Any) -> None:
+    engine, client = await serve(small_config())
+    model = engine.memory_model
+    for body in ({"num_pages": 40}, {"moe_cache_size": 64}, {"num_mamba_slots": 8},
+                 {"moe_cache_size": 20, "num_pages": 100}, {"num_mamba_slots": 4}):
+        resp = await client.post("/v1/cache/rebuild", json=body)
+        assert resp.status == 200, await resp.text()
+        assert engine.memory.allocated_bytes == storage_bytes(engine)
+        # What the planner prices is what the pools hold, to the byte.
+        assert engine.memory.allocated_bytes == model.total_bytes(engine.geometry())
+    status = await (await client.get("/v1/cache/status")).json()
+    assert status["engine"]["allocated_bytes"] == storage_bytes(engine)
+
+
+async def test_metrics_endpoint(serve: Any) -> None:
+    _, client = await serve(small_config())
+    await complete(client, words(10), 5)
+    await client.post("/v1/cache/rebuild", json={"num_pages": 40, "moe_cache_size": 40})
+    text = await (await client.get("/metrics")).text()
+    for name in ("reference_engine_pool_bytes{pool=\"kv\"}", "reference_engine_expert_lookups",
+                 "reference_engine_decode_tokens_total", "reference_engine_rebuilds_total",
+                 "reference_engine_chunk_pause_seconds_bucket",
+                 "reference_engine_decode_tokens_per_second"):
+        assert name in text
+
+
+# ---- the report's transitions ---------------------------------------------------------
+
+REPORT_TARGETS = [
+    # --moe 1024 --kv 65536 on the report = 2x the expert floor, a quarter of the KV
+    (lambda g: {"moe_cache_size": 2 * g["moe_cache_size"], "num_pages": g["num_pages"] // 4}),
+    # --moe 1400 --kv 8192 --mamba 4 = 2.73x the floor, 1/32 of the KV, half the mamba slots
+    (lambda g: {"moe_cache_size": round(g["moe_cache_size"] * 1400 / 512),
+                "num_pages": max(1, g["num_pages"] // 32), "num_mamba_slots": 4}),
+]
+
+
+@pytest.mark.parametrize("target", REPORT_TARGETS)
+async def test_report_transitions_oom_in_freetoken_mode_and_succeed_incrementally(
+    serve: Any, target: Callable[[dict[str, int]], dict[str, int]],
+) -> None:
+    engine, client = await serve(report_config("freetoken", max_running_requests=4))
+    before = (await (await client.get("/v1/cache/status")).json())["geometry"]
+    body = target(before)
+    resp = await client.post("/v1/cache/rebuild", json=body)
+    assert resp.status == 503
+    reply = await resp.json()
+    assert reply["status"] == "rejected"
+    assert reply["error"].startswith("rebuild failed and was rolled back: OutOfMemoryError")
+    assert reply["moe_cache_size"] == before["moe_cache_size"]
+    assert (await (await client.get("/health")).json())["maintenance"] == "serving"
+    assert engine.memory.allocated_bytes == storage_bytes(engine)
+    await complete(client, words(10), 4)  # still serving at the old sizes
+
+    engine2, client2 = await serve(report_config("incremental", max_running_requests=4))
+    resp = await client2.post("/v1/cache/rebuild", json=body)
+    assert resp.status == 200, await resp.text()
+    after = (await (await client2.get("/v1/cache/status")).json())["geometry"]
+    assert after["moe_cache_size"] == body["moe_cache_size"]
+    assert after["num_pages"] == body["num_pages"]
+    assert engine2.memory.peak_bytes <= engine2.memory.capacity_bytes  # type: ignore[operator]
