@@ -225,6 +225,72 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0 if result.reached else 1
 
 
+def _load_config(args: argparse.Namespace) -> Any:
+    from ladder.config import ConfigError, cli_overrides, load
+
+    path = args.config or os.environ.get("LADDER_CONFIG")
+    try:
+        cli = cli_overrides(server=getattr(args, "server", None),
+                            api_key=getattr(args, "api_key", None),
+                            policy=getattr(args, "policy", None),
+                            poll_s=getattr(args, "poll_s", None),
+                            gate=getattr(args, "gate", None), listen=getattr(args, "listen", None))
+        return load(path, dict(os.environ), cli,
+                    single_server=getattr(args, "server", None) is not None)
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _setup_logging(fmt: str, level: str) -> None:
+    from ladder.logs import configure
+
+    configure(fmt, level)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ladder.daemon import run_daemon
+    from policies.registry import PolicyLoadError
+
+    config = _load_config(args)
+    _setup_logging(config.log.format, config.log.level)
+
+    def ready(daemon: Any) -> None:
+        ports = ", ".join(f"{k} on :{v}" for k, v in daemon.listening.items())
+        print(f"ladder run: {len(daemon.controllers)} server(s); {ports}", flush=True)
+
+    try:
+        asyncio.run(run_daemon(config, on_ready=ready))
+    except PolicyLoadError as exc:
+        raise BadInput(str(exc)) from None
+    except OSError as exc:
+        raise BadInput(f"cannot listen: {exc.strerror or exc}") from None
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from ladder.config import explain
+
+    args.config = args.file
+    config = _load_config(args)
+    print(f"{args.file}: valid")
+    print(explain(config))
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from policies.registry import installed_policies
+
+    infos = installed_policies()
+    if args.json:
+        print(json.dumps([{"name": i.name, "value": i.value, "distribution": i.distribution,
+                           "version": i.version} for i in infos], indent=2))
+        return 0
+    width = max((len(i.name) for i in infos), default=4)
+    for info in infos:
+        print(f"{info.name.ljust(width)}  {info.value}  ({info.distribution} {info.version})")
+    return 0
+
+
 def _engine_config(args: argparse.Namespace) -> Any:
     from engine.decoder import ModelSpec
     from engine.runtime import EngineConfig
@@ -359,6 +425,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long to wait for a safe moment (default 600)")
     _add_source(p)
     p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser("run", help="run the daemon next to one or more servers",
+                       description="Watch each server's context use and decode speed and step "
+                                   "between precomputed rungs with free-first plans. Config: "
+                                   "defaults < --config TOML < LADDER_* environment < flags "
+                                   "(docs/config.md). Stops cleanly on SIGINT/SIGTERM.")
+    p.add_argument("--config", default=None, metavar="FILE", help="ladder.toml")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="one server to steer (overrides the file's [[servers]])")
+    p.add_argument("--api-key", default=None, help="the server's API key (ft serve 0.2.1)")
+    p.add_argument("--policy", default=None, help="policy name or module:attr (default headroom)")
+    p.add_argument("--poll-s", default=None, type=float, help="observation period (default 2)")
+    p.add_argument("--gate", default=None, metavar="HOST:PORT",
+                   help="run the admission gate here, in front of the server's OpenAI and "
+                        "Anthropic routes")
+    p.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="the daemon's /status and /metrics (default 127.0.0.1:9190)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("config", help="check a config file")
+    config_sub = p.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    check = config_sub.add_parser("check", help="validate a ladder.toml and explain it",
+                                  description="Validate FILE with the environment's LADDER_* "
+                                              "overrides and print every effective value with "
+                                              "where it came from. Exit 2 when invalid.")
+    check.add_argument("file", metavar="FILE")
+    check.set_defaults(func=cmd_config_check)
+
+    p = sub.add_parser("policies", help="list the installed policies",
+                       description="Policies found through the moe_ladder.policies entry "
+                                   "points, with the distribution that provides each.")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_policies)
 
     p = sub.add_parser("rungs", help="print the ladder of precomputed rungs",
                        description="Print every rung (KV tokens, pages, expert slots, mamba "

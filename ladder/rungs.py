@@ -143,9 +143,8 @@ def build_ladder(model: MemoryModel, live: Geometry, spec: LadderSpec) -> Ladder
         kv_max = min(kv_max, spec.kv_max_tokens)
     dropped: list[DroppedRung] = []
     candidates: list[Geometry] = []
-    floor_tokens = max(spec.kv_floor_tokens, model.floors.kv_tokens)
     for kv_tokens in kv_levels(spec, page_size=shape.page_size, kv_max_tokens=kv_max):
-        if kv_tokens < floor_tokens:
+        if kv_tokens < model.floors.kv_tokens:
             dropped.append(DroppedRung(kv_tokens, f"below the engine's KV floor of "
                                                   f"{model.floors.kv_tokens} tokens"))
             continue

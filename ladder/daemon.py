@@ -1,0 +1,193 @@
+"""`ladder run`: one controller per server in a TaskGroup, the gates, and the daemon's own
+HTTP endpoint (/healthz, /readyz, /status, /metrics), wired from a `DaemonConfig`.
+
+/healthz never depends on the engine (a down engine must not get the daemon restarted);
+/readyz is 200 once every server has been observed once. Listeners bind 127.0.0.1 unless
+configured otherwise, and a warning is logged when one is bound elsewhere without a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ladder.client import FtServeClient
+from ladder.clock import Clock, SystemClock
+from ladder.config import DaemonConfig, ServerConfig, parse_hostport, to_json
+from ladder.controller import ControlSettings, ServerController
+from ladder.gate import Gate, GateSettings
+from ladder.metrics import DaemonMetrics
+from ladder.safeguards import Safeguards, SafeguardSettings
+from policies.registry import load_policy
+
+__all__ = ["Daemon", "build_daemon"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "moe-ladder.status.v1"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class Daemon:
+    config: DaemonConfig
+    controllers: list[ServerController]
+    gates: dict[str, Gate]
+    metrics: DaemonMetrics
+    session: aiohttp.ClientSession
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    listening: dict[str, int] = field(default_factory=dict)
+
+    def status_json(self) -> dict[str, Any]:
+        servers = []
+        for c in self.controllers:
+            doc = c.status_json()
+            gate = self.gates.get(c.name)
+            if gate is not None:
+                stats = gate.stats()
+                doc["gate"] = {"listen": self.listening.get(f"gate:{c.name}"),
+                               "held_now": stats.held_now, "held_total": stats.held_total,
+                               "forwarded_total": stats.forwarded_total,
+                               "refused_total": dict(stats.refused_total)}
+            servers.append(doc)
+        return {"schema_version": SCHEMA_VERSION, "servers": servers,
+                "config": to_json(self.config)}
+
+    def ready_reasons(self) -> list[str]:
+        return [f"{c.name}: not observed yet" + (f" ({c.last_error})" if c.last_error else "")
+                for c in self.controllers if c.status is None]
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        async def readyz(_: web.Request) -> web.Response:
+            reasons = self.ready_reasons()
+            if reasons:
+                return web.json_response({"status": "not_ready", "reasons": reasons},
+                                         status=503)
+            return web.json_response({"status": "ready"})
+
+        async def status(_: web.Request) -> web.Response:
+            return web.json_response(self.status_json())
+
+        async def metrics(_: web.Request) -> web.Response:
+            self._export_gate_stats()
+            return web.Response(body=generate_latest(self.metrics.registry),
+                                headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/health", readyz)
+        app.router.add_get("/status", status)
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    def _export_gate_stats(self) -> None:
+        for name, gate in self.gates.items():
+            stats = gate.stats()
+            self.metrics.gate_held.labels(name).set(stats.held_now)
+            held = self.metrics.gate_holds.labels(name)
+            held.inc(max(0, stats.held_total - held._value.get()))  # counters only go up
+            refused = self.metrics.gate_refused.labels(name)
+            refused.inc(max(0, sum(stats.refused_total.values()) - refused._value.get()))
+
+    async def _listen(self, key: str, app: web.Application, host: str, port: int,
+                      *, has_token: bool) -> web.AppRunner:
+        if host not in _LOOPBACK and not has_token:
+            log.warning("listening beyond loopback without a token",
+                        extra={"listener": key, "host": host})
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.listening[key] = sockets[0].getsockname()[1] if sockets else port
+        return runner
+
+    async def run(self, *, on_ready: Callable[[Daemon], None] | None = None) -> None:
+        """Serve until `stop` is set (SIGINT/SIGTERM set it when run from the CLI)."""
+        runners: list[web.AppRunner] = []
+        try:
+            listen = self.config.listen
+            runners.append(await self._listen("daemon", self.make_app(), listen.host,
+                                              listen.port, has_token=listen.token is not None))
+            for server in self.config.servers:
+                gate = self.gates.get(server.name)
+                if gate is not None and server.gate_listen is not None:
+                    host, port = parse_hostport(server.gate_listen)
+                    runners.append(await self._listen(f"gate:{server.name}", gate.make_app(),
+                                                      host, port, has_token=False))
+            if on_ready is not None:
+                on_ready(self)
+            async with asyncio.TaskGroup() as group:
+                for controller in self.controllers:
+                    group.create_task(controller.run(self.stop), name=controller.name)
+        finally:
+            for runner in reversed(runners):
+                await asyncio.shield(runner.cleanup())
+
+
+def _api_key(server: ServerConfig) -> str | None:
+    if server.api_key:
+        return server.api_key
+    if server.api_key_env:
+        return os.environ.get(server.api_key_env)
+    return None
+
+
+def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
+                 clock: Clock | None = None, metrics: DaemonMetrics | None = None) -> Daemon:
+    """Controllers, policies, safeguards and gates for every configured server."""
+    clock = clock or SystemClock()
+    metrics = metrics or DaemonMetrics()
+    s = config.safeguards
+    controllers: list[ServerController] = []
+    gates: dict[str, Gate] = {}
+    for server in config.servers:
+        client = FtServeClient(server.url, api_key=_api_key(server), timeout_s=server.timeout_s,
+                               session=session)
+        policy = load_policy(server.policy, server.policy_options)
+        safeguards = Safeguards(SafeguardSettings(
+            cooldown_s=s.cooldown_s, min_dwell_s=s.min_dwell_s, down_tolerance=s.down_tolerance,
+            max_transitions_per_hour=s.max_transitions_per_hour,
+            backoff_base_s=s.backoff_base_s, backoff_max_s=s.backoff_max_s,
+            breaker_failures=s.breaker_failures, breaker_open_s=s.breaker_open_s,
+            fallback_after_failed_reads=s.fallback_after_failed_reads))
+        controller = ServerController(
+            server.name, client, policy, safeguards, spec=server.ladder.to_spec(),
+            settings=ControlSettings(poll_s=config.control.poll_s),
+            apply_settings=config.control.apply_settings(server.ladder), clock=clock,
+            metrics=metrics, policy_name=server.policy)
+        controllers.append(controller)
+        if server.gate_listen is not None:
+            gates[server.name] = Gate(server.url, controller,
+                                      settings=GateSettings(tokenizer_path=server.tokenizer_path),
+                                      session=session)
+    return Daemon(config, controllers, gates, metrics, session)
+
+
+async def run_daemon(config: DaemonConfig, *,
+                     on_ready: Callable[[Daemon], None] | None = None) -> None:
+    """The CLI entry: one ClientSession for everything, stop on SIGINT/SIGTERM."""
+    timeout = aiohttp.ClientTimeout(total=None, connect=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        daemon = build_daemon(config, session)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, daemon.stop.set)
+        await daemon.run(on_ready=on_ready)
