@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -171,7 +171,7 @@ class _ChunkedPool:
         if self._busy:
             raise RuntimeError(f"{self.name}: a resize of this pool is already in progress")
 
-    def resize_steps(self, new_units: int) -> Iterator[ChunkEvent]:
+    def resize_steps(self, new_units: int) -> Generator[ChunkEvent, None, None]:
         """Resize to `new_units` usable units, one chunk operation per `next()`.
 
         Raises `PoolShrinkRejected` here, before anything is touched, when live content does
@@ -228,7 +228,7 @@ class _ChunkedPool:
             self._busy = False
         return events
 
-    def _resize_steps(self, new_units: int) -> Iterator[ChunkEvent]:
+    def _resize_steps(self, new_units: int) -> Generator[ChunkEvent, None, None]:
         # Checked again: the pool may have changed between the call and the first step.
         self._check_size(new_units)
         reason = self._shrink_rejection(new_units)

@@ -291,6 +291,27 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ladder.demo import plot, render_summary, run_demo
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise BadInput("--plot needs matplotlib: pip install matplotlib") from None
+    say = (lambda _line: None) if args.json else (lambda line: print(line, flush=True))
+    result = asyncio.run(run_demo(seed=args.seed, say=say))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render_summary(result))
+    if args.plot:
+        plot(result, args.plot)
+        if not args.json:
+            print(f"  plot written to {args.plot}")
+    return 0 if result.refused == 0 and result.truncated == 0 else 1
+
+
 def _engine_config(args: argparse.Namespace) -> Any:
     from engine.decoder import ModelSpec
     from engine.runtime import EngineConfig
@@ -425,6 +446,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long to wait for a safe moment (default 600)")
     _add_source(p)
     p.set_defaults(func=cmd_apply)
+
+    p = sub.add_parser("demo", help="the reference engine, the daemon and a workload, end to end",
+                       description="Start the reference engine on a card-sized memory cap, "
+                                   "the daemon with its admission gate, and a workload of "
+                                   "short and long requests; print what happened. Exit 0 when "
+                                   "no request was refused or truncated.")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw rung and context over time (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run the daemon next to one or more servers",
                        description="Watch each server's context use and decode speed and step "

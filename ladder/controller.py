@@ -33,9 +33,10 @@ __all__ = ["ControlSettings", "ServerController", "TransitionRecord"]
 
 log = logging.getLogger(__name__)
 
-# How long a satisfied capacity request still counts as demand: until the forwarded request
-# is admitted and shows in the server's own KV use.
-_PENDING_GRACE_S = 10.0
+# How long a satisfied capacity request still counts as demand: long enough for the gate to
+# forward the held request and the server to admit it (then it shows as live KV). Stepping
+# down needs the policy's dwell on top, so clearing it early cannot strand the request.
+_PENDING_GRACE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +264,8 @@ class ServerController:
                                         on_event=self._on_step)
             # Re-read the truth before the gate relies on the new capacity.
             await self.observe()
+            if self.capacity_tokens() >= self.pending_kv_tokens:
+                self.pending_kv_tokens = 0  # the gate forwards it now; it becomes live demand
         finally:
             self._transitioning = False
             self._notify()

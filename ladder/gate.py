@@ -489,6 +489,8 @@ class Gate:
                 remaining = deadline - loop.time()
                 await self._controller.wait_changed(
                     min(self._settings.rebuild_retry_interval_s, max(0.0, remaining)))
+                if loop.time() >= deadline:
+                    raise self._hold_timeout(path, target)
             asked: tuple[bool, int] | None = None
             while True:
                 transitioning = self._controller.transition_running()
@@ -506,17 +508,19 @@ class Gate:
                     continue
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    log.warning("gate gave up on %s after %.1f s (needs %s tokens, live rung "
-                                "holds %d, transition running: %s)", path,
-                                self._settings.max_hold_s, target, capacity, transitioning)
-                    raise _Refusal(
-                        503, "gate_hold_timeout",
-                        f"the server could not be resized to hold this request within "
-                        f"{self._settings.max_hold_s:g} s; retry later", retry_after=True)
+                    raise self._hold_timeout(path, target)
                 await self._controller.wait_changed(remaining)
         finally:
             self._held_now -= 1
             hold.seconds += loop.time() - started
+
+    def _hold_timeout(self, path: str, target: int | None) -> _Refusal:
+        log.warning("gate gave up on %s after %.1f s (needs %s tokens, live rung holds %d, "
+                    "transition running: %s)", path, self._settings.max_hold_s, target,
+                    self._controller.capacity_tokens(), self._controller.transition_running())
+        return _Refusal(503, "gate_hold_timeout",
+                        "the server could not be resized to hold this request within "
+                        f"{self._settings.max_hold_s:g} s; retry later", retry_after=True)
 
     async def _forward(
         self,
