@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from ladder.gate import ChangeNotifier
 from ladder.metrics import DaemonMetrics
 from ladder.rungs import Ladder, LadderSpec, build_ladder
 from ladder.safeguards import Safeguards
+from ladder.wire import RequestEntry
 from policies.api import Decision, LadderView, Observation, Policy, RungView
 
 __all__ = ["ControlSettings", "ServerController", "TransitionRecord"]
@@ -112,6 +114,8 @@ class ServerController:
         self._changed = ChangeNotifier()
         self.model_ctx_tokens: int | None = None
         self._pending_since_s = 0.0
+        # Called with each new page of the server's request log (the gate learns from it).
+        self.request_log_listeners: list[Callable[[Sequence[RequestEntry]], object]] = []
 
     # ---- the gate's CapacityController protocol -----------------------------------------
 
@@ -191,6 +195,8 @@ class ServerController:
         self.status = status
         self.rung = self._place(status.geometry)
         self._cursor = log_page.next_cursor
+        for listener in self.request_log_listeners:
+            listener(log_page.entries)
         for entry in log_page.entries:
             if entry.prompt_tokens is not None:
                 self.request_sizes.append(entry.prompt_tokens + (entry.completion_tokens or 0))

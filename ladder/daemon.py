@@ -174,9 +174,11 @@ def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
             metrics=metrics, policy_name=server.policy)
         controllers.append(controller)
         if server.gate_listen is not None:
-            gates[server.name] = Gate(server.url, controller,
-                                      settings=GateSettings(tokenizer_path=server.tokenizer_path),
-                                      session=session)
+            gate = Gate(server.url, controller,
+                        settings=GateSettings(tokenizer_path=server.tokenizer_path),
+                        session=session)
+            controller.request_log_listeners.append(gate.observe_request_log)
+            gates[server.name] = gate
     return Daemon(config, controllers, gates, metrics, session)
 
 

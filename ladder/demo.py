@@ -195,7 +195,7 @@ async def run_demo(*, seed: int = 0, short_requests: int = 6, long_prompt_tokens
 
             sampler = asyncio.create_task(sample())
             while controller.rung != 0:  # the daemon first settles on its lowest rung
-                await asyncio.sleep(0.05)
+                await controller.wait_changed(1.0)
             note_transitions()
 
             async def phase(name: str, jobs: list[tuple[str, int]]) -> None:
@@ -247,13 +247,12 @@ def _free_port() -> int:
 def render_summary(result: DemoResult) -> str:
     lines = ["", "Summary", "  phase               requests  refused  truncated  decode tok/s"
              "  expert hit rate"]
-    for p in result.phases:
-        lines.append(f"  {p.name:<18}  {p.requests:>8}  {p.refused:>7}  {p.truncated:>9}  "
-                     f"{p.decode_tps:>12.1f}  {p.hit_rate:>15.0%}")
+    lines.extend(f"  {p.name:<18}  {p.requests:>8}  {p.refused:>7}  {p.truncated:>9}  "
+                 f"{p.decode_tps:>12.1f}  {p.hit_rate:>15.0%}" for p in result.phases)
     lines.append("  rung changes:")
-    for t in result.transitions:
-        lines.append(f"    {t['t_s']:6.1f} s  rung {t['from_rung']} -> {t['to_rung']} "
-                     f"({t['kv_tokens']} KV tokens, {t['expert_slots']} slots): {t['reason']}")
+    lines.extend(f"    {t['t_s']:6.1f} s  rung {t['from_rung']} -> {t['to_rung']} "
+                 f"({t['kv_tokens']} KV tokens, {t['expert_slots']} slots): {t['reason']}"
+                 for t in result.transitions)
     served = sum(p.requests for p in result.phases) - result.refused
     lines.append(f"  {served} requests served, {result.refused} refused, {result.truncated} "
                  f"truncated, in {result.wall_s:.0f} s.")

@@ -27,8 +27,10 @@ Checks, in order; the first that applies decides:
    geometry is off the ladder) goes now: it bypasses the rest (grow fast).
 6. Hourly cap: at most `max_transitions_per_hour` transitions in any sliding hour.
 7. Cooldown: `cooldown_s` since the last transition ended.
-8. Dwell: `min_dwell_s` on the current rung (counted from the transition that reached it, or
-   from when the controller first saw it there).
+8. Dwell, for a step down only: `min_dwell_s` on the current rung (counted from the
+   transition that reached it, or from when the controller first saw it there). A voluntary
+   step up (the policy wants more margin than demand needs yet) waits for cooldown and the
+   hourly cap but not for dwell: grow fast, shrink slowly, as HPA's zero scale-up window.
 
 "Now" only moves forward through the calls; `snapshot()` reports the state as of the last
 call, with HPA-style conditions for /status.
@@ -297,7 +299,7 @@ class Safeguards:
                 f"left of {s.cooldown_s:.0f} s", notes), "cooldown")
         assert self._rung_since_s is not None
         on_for_s = now - self._rung_since_s
-        if current is not None and on_for_s < s.min_dwell_s:
+        if current is not None and target < current and on_for_s < s.min_dwell_s:
             return Verdict(False, hold, _join(
                 f"hold: on rung {current} for {on_for_s:.0f} s of the {s.min_dwell_s:.0f} s "
                 f"minimum dwell", notes), "dwell")

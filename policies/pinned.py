@@ -1,0 +1,52 @@
+"""The `pinned` policy: one rung an operator chose, raised only when demand needs more.
+
+For benchmarking a rung, reproducing a report, or a server whose workload is known. Pinning
+must not turn into failed requests, so the floor every built-in honours still applies: when
+live + pending KV does not fit the pinned rung, the policy asks for the lowest rung that holds
+it and says so; it goes back to the pin as soon as demand allows (the controller's dwell and
+cooldown keep that from flapping).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.api import Decision, LadderView, Observation
+from policies.headroom import check_options, floor_tokens
+
+__all__ = ["Pinned"]
+
+
+class Pinned:
+    """Option `rung` (required): a rung index, 0 = fastest; clamped to the ladder."""
+
+    name = "pinned"
+
+    def __init__(self, *, rung: int | None = None, **unknown: Any) -> None:
+        check_options(self.name, unknown, ("rung",))
+        if rung is None:
+            raise ValueError("policy 'pinned': option rung is required (a rung index, "
+                             "0 = least KV and fastest decode)")
+        if isinstance(rung, bool) or not isinstance(rung, int):
+            raise ValueError(f"policy 'pinned': option rung must be an integer, got {rung!r}")
+        self.rung = rung
+
+    def decide(self, observation: Observation, ladder: LadderView) -> Decision:
+        if not ladder.rungs:
+            raise ValueError("pinned: the ladder has no rungs")
+        top = len(ladder.rungs) - 1
+        pin = min(max(self.rung, 0), top)
+        clamp = "" if pin == self.rung else f" (option rung {self.rung} clamped to the ladder)"
+        floor = floor_tokens(observation)
+        if ladder.rungs[pin].kv_tokens >= floor:
+            return Decision(pin, f"pinned to rung {pin}{clamp}: its "
+                                 f"{ladder.rungs[pin].kv_tokens:,} KV tokens hold "
+                                 f"{observation.live_kv_tokens:,} live + "
+                                 f"{observation.pending_kv_tokens:,} pending")
+        raised = ladder.lowest_holding(floor)
+        holds = ladder.rungs[raised].kv_tokens >= floor
+        return Decision(raised, f"raised from pinned rung {pin}{clamp} to rung {raised}: "
+                                f"{observation.live_kv_tokens:,} live + "
+                                f"{observation.pending_kv_tokens:,} pending tokens do not fit "
+                                f"its {ladder.rungs[pin].kv_tokens:,}"
+                                + ("" if holds else "; no rung holds them, top rung"))
