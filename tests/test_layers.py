@@ -1,0 +1,46 @@
+"""Layers import downward only: policies see neither HTTP nor torch, the engine never the
+daemon, and the pure logic modules no I/O library at all."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def forbidden_hits(path: Path, forbidden: tuple[str, ...]) -> set[str]:
+    return {n for n in imported(path) if n.split(".")[0] in forbidden or n in forbidden}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "policies").glob("*.py")), ids=lambda p: p.name)
+def test_policies_import_no_io(path: Path) -> None:
+    assert not forbidden_hits(path, ("aiohttp", "torch", "ladder", "engine")), path
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "engine").glob("*.py")), ids=lambda p: p.name)
+def test_engine_never_imports_the_daemon(path: Path) -> None:
+    assert not forbidden_hits(path, ("ladder", "policies")), path
+
+
+PURE = ["engine/geometry.py", "engine/budget.py", "engine/planner.py", "engine/control.py",
+        "engine/routing.py", "engine/tokenizer.py", "ladder/rungs.py", "ladder/units.py",
+        "ladder/safeguards.py", "ladder/wire.py", "ladder/render.py"]
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_pure_modules_import_no_io(name: str) -> None:
+    hits = forbidden_hits(ROOT / name, ("aiohttp", "torch", "socket", "asyncio", "subprocess"))
+    assert not hits, (name, hits)
