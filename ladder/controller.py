@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.budget import MemoryModel
@@ -158,10 +158,15 @@ class ServerController:
                                          r.geometry.num_mamba_slots) for r in self.ladder.rungs),
                           transition_s=self.settings.transition_estimate_s)
 
-    def _rebuild_ladder(self, status: CacheStatus) -> None:
+    def _rebuild_ladder(self, status: CacheStatus, model_ctx_tokens: int | None) -> None:
         self.model = MemoryModel.from_status(status, fixed_bytes=self.apply_settings.fixed_bytes,
                                              reserve_bytes=self.spec.reserve_bytes)
-        self.ladder = build_ladder(self.model, status.geometry, self.spec)
+        spec = self.spec
+        if model_ctx_tokens is not None and (spec.kv_max_tokens is None
+                                             or spec.kv_max_tokens > model_ctx_tokens):
+            # No rung needs more KV than one sequence of the model's context can use.
+            spec = replace(spec, kv_max_tokens=max(model_ctx_tokens, spec.kv_floor_tokens))
+        self.ladder = build_ladder(self.model, status.geometry, spec)
         self._measured = _Measured()
         log.info("ladder built", extra={"server": self.name, "rungs": len(self.ladder.rungs),
                                         "instance": self.instance_id})
@@ -191,7 +196,7 @@ class ServerController:
                                                        "new": health.instance_id})
             self.instance_id = health.instance_id
             self._cursor = None
-            self._rebuild_ladder(status)
+            self._rebuild_ladder(status, stats.model_ctx)
         self.status = status
         self.rung = self._place(status.geometry)
         self._cursor = log_page.next_cursor

@@ -26,6 +26,7 @@ __all__ = [
     "DemandRule",
     "Headroom",
     "check_options",
+    "demand_step",
     "number_option",
 ]
 
@@ -132,6 +133,32 @@ class DemandHistory:
         return 0.0 if since is None else max(0.0, now_s - since)
 
 
+
+DownStep = tuple[float, int, int, str]
+
+
+def demand_step(policy: str, rule: DemandRule, history: DemandHistory, observation: Observation,
+                ladder: LadderView) -> Decision | DownStep:
+    """The part every demand-following policy shares: record demand, and decide at once when
+    demand says up or stay. Otherwise return (now_s, current rung, needed rung, demand text)
+    for the policy's own step-down rule."""
+    if not ladder.rungs:
+        raise ValueError(f"{policy}: the ladder has no rungs")
+    now = observation.now_s
+    on = current_rung(observation, ladder)
+    needed = rule.rung(observation, ladder)
+    history.update(now, ladder, needed, on)
+    demand = rule.describe(observation)
+    top = len(ladder.rungs) - 1
+    if needed == top and ladder.rungs[top].kv_tokens < rule.tokens(observation):
+        return Decision(top, f"top rung: no rung holds {demand}")
+    if on is None or needed >= on:
+        verb = "stay on" if needed == on else "step up to" if on is not None else "go to"
+        return Decision(needed, f"{verb} rung {needed} "
+                                f"({ladder.rungs[needed].kv_tokens:,} KV tokens): "
+                                f"holds {demand}")
+    return now, on, needed, demand
+
 class Headroom:
     """The lowest rung that holds demand with margin; up at once, down after `dwell_s`.
 
@@ -151,21 +178,10 @@ class Headroom:
         self._history = DemandHistory()
 
     def decide(self, observation: Observation, ladder: LadderView) -> Decision:
-        if not ladder.rungs:
-            raise ValueError("headroom: the ladder has no rungs")
-        now = observation.now_s
-        on = current_rung(observation, ladder)
-        needed = self.rule.rung(observation, ladder)
-        self._history.update(now, ladder, needed, on)
-        demand = self.rule.describe(observation)
-        top = len(ladder.rungs) - 1
-        if needed == top and ladder.rungs[top].kv_tokens < self.rule.tokens(observation):
-            return Decision(top, f"top rung: no rung holds {demand}")
-        if on is None or needed >= on:
-            verb = "stay on" if needed == on else "step up to" if on is not None else "go to"
-            return Decision(needed, f"{verb} rung {needed} "
-                                    f"({ladder.rungs[needed].kv_tokens:,} KV tokens): "
-                                    f"holds {demand}")
+        step = demand_step(self.name, self.rule, self._history, observation, ladder)
+        if isinstance(step, Decision):
+            return step
+        now, on, needed, demand = step
         # Stepping down: the lowest rung that has held demand for the whole window, which is
         # the highest rung any observation in the window needed.
         for r in range(needed, on):

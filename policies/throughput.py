@@ -38,7 +38,7 @@ from policies.headroom import (
     DemandHistory,
     DemandRule,
     check_options,
-    current_rung,
+    demand_step,
     number_option,
 )
 
@@ -109,21 +109,10 @@ class Throughput:
         return min(self._history.held_for_s(now_s, rung), self.max_stay_s)
 
     def decide(self, observation: Observation, ladder: LadderView) -> Decision:
-        if not ladder.rungs:
-            raise ValueError("throughput: the ladder has no rungs")
-        now = observation.now_s
-        on = current_rung(observation, ladder)
-        needed = self.rule.rung(observation, ladder)
-        self._history.update(now, ladder, needed, on)
-        demand = self.rule.describe(observation)
-        top = len(ladder.rungs) - 1
-        if needed == top and ladder.rungs[top].kv_tokens < self.rule.tokens(observation):
-            return Decision(top, f"top rung: no rung holds {demand}")
-        if on is None or needed >= on:
-            verb = "stay on" if needed == on else "step up to" if on is not None else "go to"
-            return Decision(needed, f"{verb} rung {needed} "
-                                    f"({ladder.rungs[needed].kv_tokens:,} KV tokens): "
-                                    f"holds {demand}")
+        step = demand_step(self.name, self.rule, self._history, observation, ladder)
+        if isinstance(step, Decision):
+            return step
+        now, on, needed, demand = step
         speeds = estimate_tps(ladder, observation.decode_tps_by_rung,
                               min_measured_s=self.min_measured_s,
                               slot_exponent=self.prior_slot_exponent, current=on,
