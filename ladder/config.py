@@ -231,16 +231,18 @@ def _port(value: object) -> int:
     return port
 
 
-def parse_hostport(text: object) -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::1]:9190`) -> (host, port); ValueError naming what is wrong."""
+def parse_hostport(text: object, *, any_port: bool = False) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:9190`) -> (host, port); ValueError naming what is wrong.
+
+    `any_port` admits port 0 ("any free port"), for the daemon's own listener."""
     if not isinstance(text, str):
         raise _Bad(f"expected HOST:PORT, got {_got(text)}")
     match = re.fullmatch(r"\s*(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):(\d{1,5})\s*", text)
     if not match:
         raise _Bad(f"expected HOST:PORT like 127.0.0.1:9191, got {text!r}")
     host, port = match.group(1).strip("[]"), int(match.group(2))
-    if port < 1 or port > 65535:
-        raise _Bad(f"port must be 1-65535, got {text!r}")
+    if port < (0 if any_port else 1) or port > 65535:
+        raise _Bad(f"port must be {0 if any_port else 1}-65535, got {text!r}")
     return host, port
 
 
@@ -735,7 +737,7 @@ def cli_overrides(*, server: str | None = None, api_key: str | None = None,
                            "control.poll_s": poll_s}
     if listen is not None:
         try:
-            out["listen.host"], out["listen.port"] = parse_hostport(listen)
+            out["listen.host"], out["listen.port"] = parse_hostport(listen, any_port=True)
         except _Bad as exc:
             raise ConfigError("listen", f"{exc} (from the command line)") from None
     return {k: v for k, v in out.items() if v is not None}

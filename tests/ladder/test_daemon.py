@@ -1,0 +1,92 @@
+"""`ladder run` as a process: endpoints, restart from the live geometry, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from engine.runtime import ReferenceEngine
+from engine.scenarios import report_config
+from engine.server import make_app
+
+
+async def start_daemon(url: str, *extra: str) -> tuple[asyncio.subprocess.Process, int]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ladder.cli", "run", "--server", url, "--listen", "127.0.0.1:0",
+        "--poll-s", "0.2", *extra, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={"LADDER_SERVERS__0__LADDER__KV_FLOOR_TOKENS": "256", "PATH": ""})
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+    match = re.search(r"daemon on :(\d+)", line)
+    assert match, line
+    return proc, int(match.group(1))
+
+
+async def wait_for(session: aiohttp.ClientSession, url: str,
+                   predicate: Callable[[Any], bool], timeout_s: float = 30.0) -> Any:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            async with session.get(url) as resp:
+                doc = await resp.json()
+            if predicate(doc):
+                return doc
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+async def test_daemon_endpoints_restart_and_sigterm(aiohttp_server: Any) -> None:
+    engine = ReferenceEngine(report_config("incremental"))
+    server = await aiohttp_server(make_app(engine))
+    url = str(server.make_url("")).rstrip("/")
+    proc, port = await start_daemon(url)
+    base = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+        status = await wait_for(session, f"{base}/status",
+                                lambda d: d["servers"][0]["rung"] is not None)
+        assert status["schema_version"] == "moe-ladder.status.v1"
+        first = status["servers"][0]
+        assert first["ladder"] and first["last_decision"]["reason"]
+        async with session.get(f"{base}/readyz") as resp:
+            assert resp.status == 200
+        async with session.get(f"{base}/metrics") as resp:
+            text = await resp.text()
+        assert 'ladder_rung{server="default"}' in text
+        assert "ladder_server_decode_tokens_per_second" in text
+        # The daemon moved the engine onto its ladder; a restarted daemon starts from there.
+        on_ladder = engine.geometry().to_json()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
+        proc, port = await start_daemon(url)
+        status = await wait_for(session, f"http://127.0.0.1:{port}/status",
+                                lambda d: d["servers"][0]["rung"] is not None)
+        assert status["servers"][0]["geometry"] == on_ladder
+        assert status["servers"][0]["last_transition"] is None  # nothing to redo
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
+
+
+async def test_daemon_survives_a_down_server_and_says_why() -> None:
+    proc, port = await start_daemon("http://127.0.0.1:9")  # nothing listens there
+    base = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/healthz") as resp:
+            assert resp.status == 200  # liveness never depends on the engine
+        doc = await wait_for(session, f"{base}/status",
+                             lambda d: d["servers"][0]["last_error"] is not None)
+        assert "127.0.0.1:9" in json.dumps(doc)
+        async with session.get(f"{base}/readyz") as resp:
+            assert resp.status == 503
+            assert (await resp.json())["status"] == "not_ready"
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
