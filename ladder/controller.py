@@ -237,7 +237,7 @@ class ServerController:
             return
         tokens = completion_total - last[1]
         if tokens > 0:  # time spent idle says nothing about a rung's speed
-            self._measured.add(self.rung, tokens, now - last[0])  # type: ignore[arg-type]
+            self._measured.add(self.rung, tokens, now - last[0])
 
     # ---- one iteration ---------------------------------------------------------------
 
