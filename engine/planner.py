@@ -116,7 +116,8 @@ def call_instants(model: MemoryModel, before: Geometry, after: Geometry) -> tupl
     ft serve: while pool p is reallocated the card holds the new size of the pools before it,
     p's new size, and the old size of the pools after it. The reference engine releases the
     chunks of every shrinking pool first, then adds chunks to the growing ones; totals move
-    monotonically inside each phase, so a phase's end is its extreme instant.
+    monotonically inside each phase, except that re-chunking a partial last chunk briefly
+    holds one chunk more, so each phase is priced at its larger end plus one chunk.
     """
     changed = [p for p in POOL_ORDER if _size(before, p) != _size(after, p)]
     instants = [Instant("start", model.total_bytes(before))]
@@ -127,14 +128,17 @@ def call_instants(model: MemoryModel, before: Geometry, after: Geometry) -> tupl
         order = changed
     current = before
     for pool in order:
-        current = _with(current, [pool], after)
+        previous, current = current, _with(current, [pool], after)
         verb = "freed to" if _size(after, pool) < _size(before, pool) else "allocated at"
+        total = model.total_bytes(current)
+        if model.engine.kind == "reference":
+            # Re-chunking a partial tail chunk holds its old and new copies for a moment: at
+            # most one chunk above the larger end of the phase.
+            pool_bytes = max(_bytes(model, previous, pool), _bytes(model, current, pool))
+            total = max(total, model.total_bytes(previous)) + min(model.engine.chunk_bytes,
+                                                                   pool_bytes)
         instants.append(
-            Instant(
-                f"{pool} {verb} {_describe(model, pool, _size(after, pool))}",
-                model.total_bytes(current),
-            )
-        )
+            Instant(f"{pool} {verb} {_describe(model, pool, _size(after, pool))}", total))
     return tuple(instants)
 
 

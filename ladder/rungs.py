@@ -133,11 +133,16 @@ def build_ladder(model: MemoryModel, live: Geometry, spec: LadderSpec) -> Ladder
     if spec.reserve_bytes != model.reserve_bytes:
         model = MemoryModel(model.shape, model.units, model.floors, model.engine,
                             model.cache_budget_bytes, model.fixed_bytes, spec.reserve_bytes)
+    # Rungs leave room for the one chunk a chunked engine may hold while it re-chunks a
+    # partial tail; transitions are then priced against the whole budget.
+    rung_model = MemoryModel(model.shape, model.units, model.floors, model.engine,
+                             model.cache_budget_bytes, model.fixed_bytes,
+                             model.reserve_bytes + model.engine.chunk_bytes)
     shape = model.shape
     mamba = live.num_mamba_slots if spec.mamba_slots is None else spec.mamba_slots
     moe_floor = max(model.floors.moe_slots, spec.min_moe_slots or 0)
-    budget_kv_pages = model.max_kv_pages(moe_slots=moe_floor, mamba_slots=mamba,
-                                         swa_pages=live.num_swa_pages)
+    budget_kv_pages = rung_model.max_kv_pages(moe_slots=moe_floor, mamba_slots=mamba,
+                                              swa_pages=live.num_swa_pages)
     kv_max = budget_kv_pages * shape.page_size
     if spec.kv_max_tokens is not None:
         kv_max = min(kv_max, spec.kv_max_tokens)
@@ -149,8 +154,8 @@ def build_ladder(model: MemoryModel, live: Geometry, spec: LadderSpec) -> Ladder
                                                   f"{model.floors.kv_tokens} tokens"))
             continue
         pages = kv_tokens // shape.page_size
-        moe = (model.max_moe_slots(kv_pages=pages, mamba_slots=mamba,
-                                   swa_pages=live.num_swa_pages)
+        moe = (rung_model.max_moe_slots(kv_pages=pages, mamba_slots=mamba,
+                                        swa_pages=live.num_swa_pages)
                if shape.max_expert_slots else live.moe_cache_size)
         if shape.max_expert_slots and moe < moe_floor:
             dropped.append(DroppedRung(kv_tokens, f"leaves room for {moe} expert slots, below "

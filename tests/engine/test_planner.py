@@ -192,6 +192,8 @@ def scenarios(draw: st.DrawFn, engine: str = "freetoken") -> tuple[MemoryModel, 
     model = MemoryModel(shape, units, floors, engine_model, cache_budget_bytes=1)
     need = max(model.total_bytes(live), model.total_bytes(target))
     slack = draw(st.integers(0, need // 4))
+    # The reference engine may hold one chunk more while it re-chunks a partial tail.
+    slack += engine_model.chunk_bytes
     model = MemoryModel(shape, units, floors, engine_model, cache_budget_bytes=need + slack)
     return model, live, target
 
@@ -231,7 +233,10 @@ def test_reference_plans_are_one_chunked_call(
     assert len(plan.steps) == 1
     peak = simulate_chunked(model, live.to_json(), dict(plan.steps[0].body),
                             model.engine.chunk_bytes)
-    assert peak == plan.peak_bytes <= model.budget_bytes
+    # The planner adds one chunk per phase for re-chunking a partial tail: never below the
+    # simulated peak, never more than a chunk above it, always within the budget.
+    assert peak <= plan.peak_bytes <= peak + model.engine.chunk_bytes
+    assert plan.peak_bytes <= model.budget_bytes
 
 
 @given(scenarios(), st.integers(-3, 3), st.integers(-5000, 5000), st.integers(0, 10 ** 10))
