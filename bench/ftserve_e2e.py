@@ -36,13 +36,13 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.budget import MemoryModel  # noqa: E402
-from engine.geometry import CacheStatus, Geometry  # noqa: E402
-from engine.planner import plan_transition  # noqa: E402
-from ladder.client import ClientError, FtServeClient  # noqa: E402
-from ladder.config import merge  # noqa: E402
-from ladder.daemon import build_daemon  # noqa: E402
-from ladder.executor import ApplySettings, apply_target  # noqa: E402
+from engine.budget import MemoryModel
+from engine.geometry import CacheStatus, Geometry
+from engine.planner import plan_transition
+from ladder.client import ClientError, FtServeClient
+from ladder.config import merge
+from ladder.daemon import build_daemon
+from ladder.executor import ApplySettings, apply_target
 
 APPLY = ApplySettings(poll_s=0.1, backoff_base_s=0.2, backoff_max_s=2.0, idle_wait_s=120,
                       settle_wait_s=300, rebuild_wait_s=300)
