@@ -48,7 +48,7 @@ from engine.geometry import (
     ModelShape,
     UnitCosts,
 )
-from engine.memory import DeviceMemory, emulate_card
+from engine.memory import DeviceMemory, emulate_card, enable_expandable_segments
 from engine.pools import ExpertSlotPool, PagedKVPool, StatePool
 from engine.tokenizer import Tokenizer
 
@@ -141,6 +141,9 @@ class ReferenceEngine:
         self.state = "loading"
         self.started_s = clock()
         self.device = torch.device(config.device)
+        if self.device.type == "cuda":
+            # Freed chunks must go back to the driver page by page (docs/gpu-allocation.md).
+            enable_expandable_segments()
         spec = config.model
         self.tokenizer = Tokenizer(spec.output_vocab)
         self.model = TinyMoE(spec, self.device)
