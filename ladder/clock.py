@@ -8,7 +8,7 @@ import itertools
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock"]
+__all__ = ["Clock", "SystemClock", "VirtualClock"]
 
 
 class Clock(Protocol):
@@ -25,39 +25,41 @@ class SystemClock:
         await asyncio.sleep(max(0.0, seconds))
 
 
-class FakeClock:
-    """A virtual clock: `sleep` parks until `advance` or auto-advance moves time past it.
+class VirtualClock:
+    """A virtual clock: time jumps to the next sleeper once every ready task has run.
 
-    With `auto=True` time jumps to the next sleeper as soon as every task is waiting, so a
-    control loop runs as fast as the CPU allows while its timing stays exactly as written.
+    One wake-up chain runs at a time, so any number of tasks may sleep at once. "Idle"
+    includes waiting on loopback I/O, so a sleeper may wake while a reply is in flight:
+    virtual time can only run ahead, never stall. Minutes of control time run in ms.
     """
 
-    def __init__(self, start_s: float = 0.0, *, auto: bool = True) -> None:
+    def __init__(self, start_s: float = 0.0) -> None:
         self.now_s = start_s
-        self.auto = auto
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._ids = itertools.count()
+        self._scheduled = False
 
     def monotonic(self) -> float:
         return self.now_s
 
     async def sleep(self, seconds: float) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._sleepers, (self.now_s + max(0.0, seconds), next(self._ids), future))
-        if self.auto:
-            asyncio.get_running_loop().call_soon(self._maybe_advance)
+        self._kick(loop)
         await future
 
-    def _maybe_advance(self) -> None:
-        # Let every ready task run first: advance only once the loop would otherwise idle.
-        loop = asyncio.get_running_loop()
-        ready = getattr(loop, "_ready", ())
-        if ready:
-            loop.call_soon(self._maybe_advance)
-            return
-        self._wake_next()
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._tick)
 
-    def _wake_next(self) -> None:
+    def _tick(self) -> None:
+        self._scheduled = False
+        loop = asyncio.get_running_loop()
+        if getattr(loop, "_ready", ()):
+            self._kick(loop)  # let every ready task run before time moves
+            return
         while self._sleepers and self._sleepers[0][2].done():
             heapq.heappop(self._sleepers)
         if not self._sleepers:
@@ -65,10 +67,5 @@ class FakeClock:
         due, _, future = heapq.heappop(self._sleepers)
         self.now_s = max(self.now_s, due)
         future.set_result(None)
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
-        while self._sleepers and self._sleepers[0][0] <= self.now_s:
-            _, _, future = heapq.heappop(self._sleepers)
-            if not future.done():
-                future.set_result(None)
+        if self._sleepers:
+            self._kick(loop)

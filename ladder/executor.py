@@ -78,6 +78,14 @@ class ApplyResult:
         }
 
 
+class _Moved(Exception):
+    """The served geometry is not where the next step was planned to start from."""
+
+    def __init__(self, status: CacheStatus) -> None:
+        super().__init__("geometry moved")
+        self.status = status
+
+
 class _Stop(Exception):
     def __init__(self, reason: str, *, needs_restart: bool = False) -> None:
         super().__init__(reason)
@@ -145,11 +153,17 @@ class _Run:
                             f"{self.settings.settle_wait_s:.0f} s")
             await self.clock.sleep(self.settings.poll_s)
 
-    async def send(self, step: Step) -> tuple[RebuildOutcome | None, CacheStatus]:
-        """POST one step, retrying `busy`; return the outcome and the geometry served after."""
+    async def send(self, step: Step, start: Geometry) -> tuple[RebuildOutcome | None,
+                                                              CacheStatus]:
+        """POST one step, retrying `busy`; return the outcome and the geometry served after.
+
+        The step is priced from `start`; if the server serves anything else at the moment of
+        sending (someone resized it meanwhile), nothing is sent and `_Moved` says re-plan."""
         delay = self.settings.backoff_base_s
         for attempt in range(self.settings.busy_retries + 1):
-            await self.safe_moment(await self.client.cache_status())
+            status = await self.safe_moment(await self.client.cache_status())
+            if not _same(status.geometry, start):
+                raise _Moved(status)
             started = self.clock.monotonic()
             self.on_event("step_sent", {"body": dict(step.body), "attempt": attempt,
                                         "planned_peak_bytes": step.peak_bytes})
@@ -202,8 +216,16 @@ async def apply_target(client: FtServeClient, target: Callable[[CacheStatus], Ge
         return ApplyResult(False, plan.reason, plan, final=status.geometry)
     try:
         while True:
+            expected = plan.start
             for step in plan.steps:
-                outcome, status = await run.send(step)
+                try:
+                    outcome, status = await run.send(step, expected)
+                except _Moved as moved:
+                    status = moved.status
+                    why = (f"geometry is {status.geometry.to_json()} before a step planned "
+                           f"from {expected.to_json()}")
+                    break
+                expected = step.after
                 if outcome is not None and outcome.kind == "failed":
                     raise _Stop(f"the server answered failed: {outcome.error}",
                                 needs_restart=outcome.latched)
