@@ -185,10 +185,13 @@ class Run:
         return phase
 
     async def daemon_trace(self, session: aiohttp.ClientSession) -> dict[str, Any]:
-        gate_port = self.args.port + 1
+        gate_port = self.args.port + 101  # clear of ports ft serve may take beside its own
         config = merge({
             "servers": [{"name": "e2e", "url": self.url,
-                         "gate_listen": f"127.0.0.1:{gate_port}", "policy": "headroom",
+                         "gate_listen": f"127.0.0.1:{gate_port}",
+                         # module:attr: on the GPU machine the project is not pip-installed,
+                         # so its entry points are not registered there.
+                         "policy": "policies.headroom:Headroom",
                          "policy_options": {"margin": 0.1, "growth_tokens": 64, "dwell_s": 5},
                          "ladder": {"kv_floor_tokens": 512}}],
             "safeguards": {"cooldown_s": 1.0, "min_dwell_s": 2.0},
@@ -200,6 +203,9 @@ class Run:
         phase: dict[str, Any] = {"requests": [], "metrics_scrapes": 0}
         try:
             while controller.rung is None or controller.transition_running():
+                if task.done():  # the daemon stopped: say why instead of waiting forever
+                    task.result()
+                    raise RuntimeError("the daemon stopped before settling on a rung")
                 await controller.wait_changed(1.0)
             phase["ladder"] = [r.to_json() for r in controller.ladder.rungs]  # type: ignore[union-attr]
             phase["start_rung"] = controller.rung
@@ -288,14 +294,30 @@ class Run:
                                       "maintenance": health.maintenance}
         return phase
 
-    async def issue_526_with_ladder(self, client: FtServeClient, phase: dict[str, Any]) -> None:
+    async def issue_526_with_ladder(self, client: FtServeClient, phase: dict[str, Any]
+                                    ) -> dict[str, Any]:
         start = Geometry(**phase["from"])
         target = Geometry(**phase["target"])
         setup = await apply_target(client, lambda _s: start, settings=APPLY)
         applied = await apply_target(client, lambda _s: target, settings=APPLY)
-        phase["ladder_apply"] = {"setup_reached": setup.reached, **applied.to_json()}
         health = await client.health()
-        phase["after_ladder_apply"] = {"maintenance": health.maintenance}
+        return {"setup_reached": setup.reached, "apply": applied.to_json(),
+                "apply_kinds": [s.kind for s in applied.steps],
+                "after_apply_maintenance": health.maintenance}
+
+    async def phase(self, name: str, limit_s: float, work: Any) -> Any:
+        """Run one phase within `limit_s`; a failure is recorded and the run goes on."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(limit_s):
+                value = await work
+        except Exception as exc:  # noqa: BLE001 - recorded in the result, next phase runs
+            value = {"error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(value, dict):
+            value["phase_seconds"] = round(time.monotonic() - started, 2)
+        self.result["phases"][name] = value
+        self.save()
+        return value
 
     async def main(self) -> None:
         result = self.result
@@ -305,21 +327,19 @@ class Run:
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             async with FtServeClient(self.url, timeout_s=30, session=session) as client:
-                result["phases"]["motivating"] = await self.motivating(client)
-                self.save()
-                result["phases"]["decode_tps_by_slots"] = await self.rung_speeds(client, session)
-                self.save()
-            result["phases"]["daemon_gate_trace"] = await self.daemon_trace(session)
-            self.save()
+                await self.phase("motivating", 120, self.motivating(client))
+                await self.phase("decode_tps_by_slots", 60, self.rung_speeds(client, session))
+            await self.phase("daemon_gate_trace", 120, self.daemon_trace(session))
             async with FtServeClient(self.url, timeout_s=30, session=session) as client:
-                phase = await self.issue_526(client)
-                result["phases"]["issue_526"] = phase
-                self.save()
+                phase = await self.phase("issue_526", 90, self.issue_526(client))
+            if "target" not in phase:
+                return
             self.kill(server)
             server, boot_s = await self.boot("2")
             result["boot_s"].append(round(boot_s, 1))
             async with FtServeClient(self.url, timeout_s=30, session=session) as client:
-                await self.issue_526_with_ladder(client, phase)
+                await self.phase("issue_526_ladder", 90,
+                                 self.issue_526_with_ladder(client, phase))
         self.save()
 
     def save(self) -> None:
