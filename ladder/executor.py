@@ -104,6 +104,7 @@ class _Run:
     clock: Clock
     on_event: Callable[[str, dict[str, Any]], None]
     instance_id: str = ""
+    serves_while_rebuilding: bool = False
     records: list[StepRecord] = field(default_factory=list)
 
     def model(self, status: CacheStatus) -> MemoryModel:
@@ -120,22 +121,22 @@ class _Run:
             raise _Stop("the server is latched in maintenance `failed`; restart it",
                         needs_restart=True)
 
-    async def safe_moment(self, status: CacheStatus) -> CacheStatus:
-        """Wait until a rebuild may be sent: serving, and idle unless the engine needs not."""
+    async def safe_moment(self, serves_while_rebuilding: bool) -> CacheStatus:
+        """Wait until a rebuild may be sent: serving, and idle unless the engine needs not.
+
+        The geometry is read last, right before the POST, so the step is checked against
+        what is served at that moment, not against a read older than the other checks."""
         deadline = self.clock.monotonic() + self.settings.idle_wait_s
         while True:
             await self.check_instance()
-            if status.state == "serving":
-                if status.engine.serves_while_rebuilding:
-                    return status
-                stats = await self.client.stats()
-                if stats.requests_active == 0:
-                    return status
+            idle = serves_while_rebuilding or (await self.client.stats()).requests_active == 0
+            status = await self.client.cache_status()
+            if status.state == "serving" and idle:
+                return status
             if self.clock.monotonic() >= deadline:
                 raise _Stop(f"no safe moment within {self.settings.idle_wait_s:.0f} s "
                             f"(state {status.state}, requests still active)")
             await self.clock.sleep(self.settings.poll_s)
-            status = await self.client.cache_status()
 
     async def settle(self) -> CacheStatus:
         """Poll until the server leaves `rebuilding` (after a 409, a 504 or a lost reply)."""
@@ -161,7 +162,7 @@ class _Run:
         sending (someone resized it meanwhile), nothing is sent and `_Moved` says re-plan."""
         delay = self.settings.backoff_base_s
         for attempt in range(self.settings.busy_retries + 1):
-            status = await self.safe_moment(await self.client.cache_status())
+            status = await self.safe_moment(self.serves_while_rebuilding)
             if not _same(status.geometry, start):
                 raise _Moved(status)
             started = self.clock.monotonic()
@@ -207,6 +208,7 @@ async def apply_target(client: FtServeClient, target: Callable[[CacheStatus], Ge
     except _Stop as stop:
         return ApplyResult(False, stop.reason, _empty_plan(), final=status.geometry,
                            needs_restart=stop.needs_restart)
+    run.serves_while_rebuilding = status.engine.serves_while_rebuilding
     model = run.model(status)
     goal = target(status)
     plan = plan_transition(model, status.geometry, goal)

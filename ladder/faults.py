@@ -516,8 +516,9 @@ class FaultProxy:
         body = json.dumps(doc).encode()
         if kind == "partial":
             return await self._send_partial(request, body, status)
-        if route == "status" and kind is None and status == 200 and doc.get("state") not in (
-                "rebuilding", None) and not self._rebuilding_now():
+        # A slow reply, or one that follows someone else's resize, is still the truth.
+        if route == "status" and kind in (None, "slow", "external_resize") and status == 200 and (
+                doc.get("state") not in ("rebuilding", None)) and not self._rebuilding_now():
             self._shrink_unconfirmed = False  # the daemon has now seen the geometry
         return self._raw(body, status)
 
