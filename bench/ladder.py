@@ -1,0 +1,799 @@
+"""`bench/ladder`: replay request traces against the reference engine, one arm after another.
+
+Arms, each on a fresh reference engine (same seed, same config) served on loopback, all fed
+the same requests (the same prompts, so the same expert routing):
+
+* `static-full`: no daemon, the top rung of the ladder (longest context, fewest expert slots).
+* `static-short`: no daemon, the bottom rung; it refuses (HTTP error) or truncates
+  (`completion_tokens < max_tokens`) whatever does not fit.
+* `grow-only`: PR #300's ladder (linear, 32k-token steps from 64k; both scaled like the trace)
+  with a policy (`GrowOnly`, below) that only ever steps up, run through the real daemon and
+  gate.
+* `headroom`, `throughput`: moe-ladder, the real daemon and gate with each built-in policy on
+  the default geometric ladder (floor 4k, ratio sqrt(2); the floor scaled like the trace).
+* `pinned-0`: moe-ladder's `pinned` policy at the bottom rung (raised only when demand needs).
+* `oracle`: no daemon; before each request the bench itself sets, with `engine.rebuild`, the
+  lowest rung that holds the request plus everything already running or waiting (the best
+  rung, knowing the future) and only then sends it; the request is timed after the rebuild
+  ("free transitions").
+
+Per request: client-side decode tokens/s (streamed, first to last token, as FreeToken's
+`bench_decode_moe.py` computes it: (tokens - 1) / (t_last - t_first)), TTFT, refused,
+truncated. Per arm: aggregate decode tokens/s = total (tokens - 1) / total decode seconds,
+refused, truncated, transitions and seconds spent in them (the controller's records for daemon
+arms, the engine's rebuilds for the oracle), expert hit rate (deltas of the engine's expert
+pool counters), and ratios against `static-full`, `grow-only` and `oracle`.
+
+Replay is closed-loop per session, as bench/traces.py says: a session's first request is sent
+at its `t_s`, each next one after the previous reply plus the session's gap; every time is
+divided by `--compress` (default 20: a 15 s human gap becomes 0.75 s), and so are the daemon's
+time constants (cooldown, dwell, the policies' windows), so the run is the real schedule played
+fast. Chat requests are one-request sessions, i.e. open-loop arrivals.
+
+Sizing. CPU (`--device cpu`, the default; CI smoke): `ladder.demo.demo_engine_config()`: 8
+layers x 64 experts top-4, 512 KiB expert slots, 8 KiB of KV per token (64 tokens cost one
+slot), a budget of 64 slots beside ~6.6k KV tokens or 165 slots beside 128 KV tokens. Traces are
+divided by `--scale` (default 36) so the largest agentic request (200k context + up to 10k out)
+fits the engine's 6,144-token context; 32k real tokens become 910 here, 14 slots, 2.7 % of the
+512 experts, against Qwen3-Next's 455 slots of 24,576 (1.9 %): the same order of trade-off.
+
+GPU (`--device cuda`, the H200): a 16 GB card (`device_memory_bytes` = 16 GiB, emulated by
+the engine's filler), model 24 layers x 128 experts top-8 (routing preset A, Qwen3-30B-like),
+hidden 1024 x expert_hidden 256 x 2 matrices x fp32 = 2 MiB per expert slot, so a miss is a
+2 MiB pinned host-to-device copy (~41 us at ~51 GB/s, as a 1.8-2.8 MB real expert costs over
+PCIe Gen5), KV 24 layers x 2 x 128 x fp32 = 24 KiB per token (Qwen3-Next bf16: 24.6 KB), so
+32k tokens cost 384 slots (Qwen3-Next: ~455); cache budget 5.5 GiB (the report's RTX 5080 had
+4.8 GiB beside the real weights): ~2,700 slots (88 % of the 3,072 experts) at the 4k rung,
+~2,050 at 64k, ~400 at 200k, the 128-slot floor at ~224k tokens, which holds the largest
+agentic request. Traces run at full size (`--scale 1`); the host expert bank is 6 GiB pinned
+and is rebuilt for every arm (~15-20 s each). One trace per command keeps it under 10 minutes:
+
+    python bench/ladder.py --device cuda --trace agentic --output-scale 8
+        --out bench/results/ladder-h200-agentic.json (add --plot FILE.png for the plots)
+
+The targets (moe-ladder >= 1.3x static-full, >= 1.1x grow-only, >= 0.95x oracle, 0 refused
+and 0 truncated) are checked in the JSON's `targets` block; they are meant for that run, not
+for the CPU numbers.
+
+Prints a table, writes one JSON object with `--out FILE`, and with `--plot FILE.png` (needs
+matplotlib; optional) draws rung and live context over time for each arm and tokens/s per arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    # Run as `python bench/ladder.py`: bench/ is sys.path[0] and this file would shadow the
+    # `ladder` package; put the repository root there instead.
+    _HERE = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _HERE]
+    if str(_ROOT) not in sys.path:
+        sys.path.insert(0, str(_ROOT))
+
+import aiohttp  # noqa: E402
+
+from bench.traces import TraceRequest, agentic_session, mixed, scaled, short_chat  # noqa: E402
+from policies.api import Decision, LadderView, Observation  # noqa: E402
+from policies.headroom import check_options, floor_tokens  # noqa: E402
+
+__all__ = ["ARMS", "BenchOptions", "GrowOnly", "build_trace", "gpu_engine_config", "main",
+           "run_bench"]
+
+SCHEMA = "moe-ladder.bench-ladder.v1"
+ARMS = ("static-full", "static-short", "grow-only", "headroom", "throughput", "pinned-0",
+        "oracle")
+DAEMON_ARMS = ("grow-only", "headroom", "throughput", "pinned-0")
+MOE_LADDER_ARMS = ("headroom", "throughput")
+_SAMPLE_S = 0.1
+
+
+class GrowOnly:
+    """PR #300's policy: KV only grows (to the lowest rung holding live + pending demand),
+    never steps down; starts at rung `start_rung` of its ladder (the 64k rung)."""
+
+    name = "grow-only"
+
+    def __init__(self, *, start_rung: int = 0, **unknown: Any) -> None:
+        check_options(self.name, unknown, ("start_rung",))
+        self.level = int(start_rung)
+
+    def decide(self, observation: Observation, ladder: LadderView) -> Decision:
+        if not ladder.rungs:
+            raise ValueError("grow-only: the ladder has no rungs")
+        demand = floor_tokens(observation)
+        needed = ladder.lowest_holding(demand)
+        self.level = min(max(self.level, needed), len(ladder.rungs) - 1)
+        return Decision(self.level, f"grow-only: rung {self.level} "
+                                    f"({ladder.rungs[self.level].kv_tokens:,} KV tokens) holds "
+                                    f"{demand:,} live + pending; never steps down")
+
+
+# ---- configuration --------------------------------------------------------------------------
+
+
+def gpu_engine_config() -> Any:
+    """The 16 GB-card engine of the module docstring (2 MiB experts, 24 KiB of KV a token)."""
+    from engine.decoder import ModelSpec
+    from engine.runtime import EngineConfig
+
+    spec = ModelSpec(num_layers=24, num_experts=128, top_k=8, hidden=1024, expert_hidden=256,
+                     head_dim=128, state_heads=1, page_size=16, routing_preset="A")
+    assert spec.expert_bytes == 2 << 20
+    assert spec.kv_bytes_per_token == 24 << 10
+    return EngineConfig(model=spec, device="cuda", device_memory_bytes=16 << 30,
+                        cache_budget_bytes=int(5.5 * (1 << 30)), moe_cache_size=128,
+                        num_pages=4096 // 16, num_mamba_slots=4, max_running_requests=2,
+                        max_seq_len=262_144, rebuild_mode="incremental", chunk_bytes=64 << 20,
+                        served_model_name="bench-moe-16gb")
+
+
+def cpu_engine_config() -> Any:
+    from ladder.demo import demo_engine_config
+
+    return replace(demo_engine_config(), served_model_name="bench-moe-cpu")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    device: str = "cpu"
+    scale: float = 36.0
+    compress: float = 20.0
+    seed: int = 0
+    arms: tuple[str, ...] = ARMS
+    poll_s: float = 0.25
+    # torch intra-op threads for the run (restored after); None leaves torch's default. On a
+    # small shared CPU, 1: the engine's tensors are small, and with 2 threads an op waits for a
+    # descheduled worker (a 512 KiB copy went from 16 us to 1.6 ms under load).
+    threads: int | None = 1
+    settle_timeout_s: float = 30.0
+    quiet: bool = False
+
+    def seconds(self, real_s: float) -> float:
+        """A time constant of the real schedule, played `compress` times faster."""
+        return real_s / self.compress
+
+    def tokens(self, real_tokens: int) -> int:
+        return max(1, round(real_tokens / self.scale))
+
+
+SMOKE_REQUESTS = {"mixed": 20, "agentic": 10, "chat": 16}
+FULL_REQUESTS = {"mixed": 40, "agentic": 24, "chat": 40}
+
+
+def build_trace(kind: str, n: int, *, seed: int = 0, scale: float = 1.0,
+                output_scale: float = 1.0) -> list[TraceRequest]:
+    """The seeded trace of bench/traces.py, `n` requests, token counts divided by `scale`,
+    and `max_tokens` by `output_scale` on top (shorter runs; contexts, the KV side of the
+    trade-off, keep their size)."""
+    if kind == "agentic":
+        trace = agentic_session(seed, n)
+    elif kind == "chat":
+        trace = short_chat(seed, n)
+    elif kind == "mixed":
+        trace = mixed(seed, n)
+    else:
+        raise ValueError(f"unknown trace {kind!r}: agentic, chat or mixed")
+    trace = scaled(trace, scale) if scale != 1.0 else trace
+    if output_scale != 1.0:
+        trace = [replace(r, max_tokens=max(2, round(r.max_tokens / output_scale)))
+                 for r in trace]
+    return trace
+
+
+# ---- measurement ----------------------------------------------------------------------------
+
+
+@dataclass
+class RequestRow:
+    index: int
+    session: str
+    kind: str
+    prompt_tokens: int
+    max_tokens: int
+    sent_s: float = 0.0
+    status: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    decode_s: float = 0.0
+    rung: int | None = None
+    error: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.status != 200
+
+    @property
+    def truncated(self) -> bool:
+        return self.status == 200 and self.completion_tokens < self.max_tokens
+
+    @property
+    def decode_tokens(self) -> int:
+        return max(0, self.completion_tokens - 1)
+
+    @property
+    def decode_tps(self) -> float | None:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        tps = self.decode_tps
+        return {**{k: v for k, v in asdict(self).items() if k not in ("decode_s",)},
+                "sent_s": round(self.sent_s, 3), "decode_s": round(self.decode_s, 4),
+                "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
+                "decode_tps": None if tps is None else round(tps, 2),
+                "refused": self.refused, "truncated": self.truncated}
+
+
+@dataclass
+class ArmResult:
+    name: str
+    rows: list[RequestRow] = field(default_factory=list)
+    hits: int = 0
+    misses: int = 0
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    engine_rebuilds: int = 0
+    engine_rebuild_s: float = 0.0
+    free_transitions: bool = False
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+    ladder: list[dict[str, int]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def aggregate(self) -> dict[str, Any]:
+        served = [r for r in self.rows if not r.refused]
+        tokens = sum(r.decode_tokens for r in served)
+        seconds = sum(r.decode_s for r in served)
+        per_request = [t for r in served if (t := r.decode_tps) is not None]
+        ttfts = [r.ttft_s for r in served if r.ttft_s is not None]
+        lookups = self.hits + self.misses
+        if self.free_transitions:
+            count, spent = self.engine_rebuilds, self.engine_rebuild_s
+        else:
+            count = len(self.transitions)
+            spent = sum(t["seconds"] for t in self.transitions)
+        return {
+            "requests": len(self.rows), "served": len(served),
+            "refused": sum(r.refused for r in self.rows),
+            "truncated": sum(r.truncated for r in self.rows),
+            "completion_tokens": sum(r.completion_tokens for r in served),
+            "decode_tokens": tokens, "decode_s": round(seconds, 3),
+            "decode_tps": round(tokens / seconds, 2) if seconds > 0 else 0.0,
+            "per_request_tps_median": round(statistics.median(per_request), 2)
+            if per_request else None,
+            "per_request_tps_mean": round(statistics.fmean(per_request), 2)
+            if per_request else None,
+            "ttft_median_s": round(statistics.median(ttfts), 4) if ttfts else None,
+            "ttft_mean_s": round(statistics.fmean(ttfts), 4) if ttfts else None,
+            "hit_rate": round(self.hits / lookups, 4) if lookups else None,
+            "expert_hits": self.hits, "expert_misses": self.misses,
+            "transitions": count, "transition_s": round(spent, 3),
+            "free_transitions": self.free_transitions,
+            "engine_rebuilds": self.engine_rebuilds,
+            "engine_rebuild_s": round(self.engine_rebuild_s, 3),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, prompt: str,
+                  seed: int, admitted: asyncio.Event | None = None) -> None:
+    """One streamed completion; fills `row`. `admitted` is set at the first token or the end.
+
+    Like ladder.demo's `_request`, plus TTFT, the error text and per-request rows.
+    """
+    started = time.perf_counter()
+    try:
+        async with session.post(f"{url}/v1/completions", json={
+                "prompt": prompt, "max_tokens": row.max_tokens, "stream": True,
+                "seed": seed}) as resp:
+            row.status = resp.status
+            if resp.status != 200:
+                row.error = (await resp.text())[:200]
+                return
+            first = last = None
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    last = time.perf_counter()
+                    if first is None:
+                        first = last
+                        row.ttft_s = first - started
+                        if admitted is not None:
+                            admitted.set()
+                    row.completion_tokens += 1
+            if first is not None and last is not None:
+                row.decode_s = last - first
+    except aiohttp.ClientError as exc:
+        row.status, row.error = 599, f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        if admitted is not None:
+            admitted.set()
+
+
+def _prompt(seed: int, index: int, tokens: int) -> str:
+    """The same prompt for request `index` in every arm (so the same routing): `tokens` words,
+    each one token of the reference tokenizer."""
+    from ladder.demo import _words
+
+    return _words(tokens, random.Random(seed * 1_000_003 + index))
+
+
+# ---- one arm --------------------------------------------------------------------------------
+
+
+def _ladder_spec(arm: str, opts: BenchOptions) -> Any:
+    from ladder.rungs import LadderSpec
+
+    if arm == "grow-only":
+        return LadderSpec(kv_floor_tokens=opts.tokens(65_536), spacing="linear",
+                          kv_step_tokens=opts.tokens(32_768))
+    return LadderSpec(kv_floor_tokens=opts.tokens(4096))
+
+
+def _ladder_table(spec: Any) -> dict[str, Any]:
+    return {"kv_floor_tokens": spec.kv_floor_tokens, "spacing": spec.spacing,
+            "kv_step_tokens": spec.kv_step_tokens, "kv_step_ratio": spec.kv_step_ratio}
+
+
+def _policy(arm: str, opts: BenchOptions) -> tuple[str, dict[str, Any]]:
+    growth = opts.tokens(8192)
+    if arm == "grow-only":
+        return f"{__name__}:GrowOnly", {"start_rung": 0}
+    if arm == "headroom":
+        return "headroom", {"growth_tokens": growth, "dwell_s": opts.seconds(300.0)}
+    if arm == "throughput":
+        return "throughput", {"growth_tokens": growth, "min_measured_s": opts.seconds(30.0),
+                              "max_stay_s": opts.seconds(900.0)}
+    if arm == "pinned-0":
+        return "pinned", {"rung": 0}
+    raise ValueError(f"{arm} runs without a daemon")
+
+
+def _daemon_config(arm: str, url: str, gate_port: int, tokenizer: str,
+                   opts: BenchOptions) -> Any:
+    from ladder.config import merge
+
+    policy, options = _policy(arm, opts)
+    s = opts.seconds
+    return merge({
+        "servers": [{"name": arm, "url": url, "gate_listen": f"127.0.0.1:{gate_port}",
+                     "policy": policy, "policy_options": options, "tokenizer_path": tokenizer,
+                     "ladder": _ladder_table(_ladder_spec(arm, opts))}],
+        # The defaults of docs/config.md, on the compressed clock.
+        "safeguards": {"cooldown_s": s(60.0), "min_dwell_s": s(120.0),
+                       "max_transitions_per_hour": max(1, round(12 * opts.compress)),
+                       "backoff_base_s": s(5.0), "backoff_max_s": s(300.0),
+                       "breaker_open_s": s(600.0)},
+        "control": {"poll_s": opts.poll_s, "apply_poll_s": 0.05, "busy_backoff_base_s": 0.1},
+        "listen": {"port": 0}})
+
+
+def _ladder_of(engine: Any, spec: Any) -> Any:
+    from engine.budget import MemoryModel
+    from engine.geometry import parse_cache_status
+    from ladder.rungs import build_ladder
+
+    status = parse_cache_status(engine.status_doc())
+    return build_ladder(MemoryModel.from_status(status, reserve_bytes=spec.reserve_bytes),
+                        status.geometry, spec)
+
+
+async def _set_geometry(engine: Any, geometry: Any) -> float:
+    """`engine.rebuild` to `geometry` (one call: the reference engine frees first)."""
+    if engine.geometry().to_json() == geometry.to_json():
+        return 0.0
+    began = time.perf_counter()
+    status, body = await engine.rebuild({"moe_cache_size": geometry.moe_cache_size,
+                                         "num_pages": geometry.num_pages,
+                                         "num_mamba_slots": geometry.num_mamba_slots,
+                                         "mode": "incremental"})
+    if status != 200:
+        raise RuntimeError(f"rebuild to {geometry.to_json()} failed: {status} {body}")
+    return time.perf_counter() - began
+
+
+def _say(opts: BenchOptions) -> Callable[[str], None]:
+    return (lambda _msg: None) if opts.quiet else (lambda msg: print(msg, file=sys.stderr))
+
+
+async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
+                  opts: BenchOptions) -> ArmResult:
+    """One arm on a fresh engine: set its geometry or start its daemon, replay, measure."""
+    from engine.runtime import ReferenceEngine
+    from engine.server import serve
+    from ladder.daemon import build_daemon
+    from ladder.demo import _free_port
+
+    say = _say(opts)
+    result = ArmResult(arm, free_transitions=arm == "oracle")
+    engine = ReferenceEngine(config)
+    stop_engine = asyncio.Event()
+    port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    engine_task = asyncio.create_task(serve(engine, port=0, stop=stop_engine,
+                                            on_ready=port.set_result))
+    url = f"http://127.0.0.1:{await port}"
+    page = engine.shape.page_size
+    spec = _ladder_spec(arm, opts)
+    ladder = _ladder_of(engine, spec)
+    result.ladder = [r.to_json() for r in ladder.rungs]
+    start = {"static-full": ladder.top, "static-short": ladder.rungs[0]}.get(arm, ladder.rungs[0])
+    await _set_geometry(engine, start.geometry)
+
+    rebuilds: list[float] = []
+
+    def on_event(event: str, payload: Any) -> None:
+        if event == "rebuild_finished":
+            rebuilds.append(float(payload[2]))
+
+    engine.listeners.append(on_event)
+    daemon = daemon_task = controller = None
+    tmp = tempfile.TemporaryDirectory()
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            target = url
+            if arm in DAEMON_ARMS:
+                tokenizer = Path(tmp.name) / "tokenizer.json"
+                tokenizer.write_text(json.dumps({"kind": "moe-ladder-reference",
+                                                 "vocab_size": engine.tokenizer.vocab_size}))
+                gate_port = _free_port()
+                daemon = build_daemon(_daemon_config(arm, url, gate_port, str(tokenizer), opts),
+                                      session)
+                controller = daemon.controllers[0]
+                daemon_task = asyncio.create_task(daemon.run())
+                target = f"http://127.0.0.1:{gate_port}"
+                deadline = time.perf_counter() + opts.settle_timeout_s
+                # Settled: observed, not stepping, and on the rung its policy wants when idle.
+                while (controller.rung is None or controller.transition_running()
+                       or controller.last_decision is None
+                       or controller.last_decision.rung != controller.rung):
+                    if time.perf_counter() > deadline:
+                        raise RuntimeError(f"{arm}: the daemon did not settle (rung "
+                                           f"{controller.rung}, {controller.last_error})")
+                    await controller.wait_changed(0.5)
+                await asyncio.sleep(opts.poll_s)  # the gate has seen the settled rung
+            rebuilds.clear()
+            hits0, misses0 = engine.experts.hits, engine.experts.misses
+            seen: set[tuple[float, int]] = {(r.started_s, r.to_rung)
+                                            for r in (controller.transitions if controller
+                                                      else ())}
+            t0 = time.perf_counter()
+            t0_mono = controller.clock.monotonic() if controller is not None else 0.0
+
+            def note_transitions() -> None:
+                if controller is None:
+                    return
+                for record in list(controller.transitions):
+                    key = (record.started_s, record.to_rung)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    rungs = controller.ladder.rungs if controller.ladder else ()
+                    to = rungs[record.to_rung] if record.to_rung < len(rungs) else None
+                    result.transitions.append({
+                        "t_s": round(record.started_s - t0_mono, 3),
+                        "from_rung": record.from_rung, "to_rung": record.to_rung,
+                        "kv_tokens": None if to is None else to.kv_tokens,
+                        "expert_slots": None if to is None else to.geometry.moe_cache_size,
+                        "reached": record.reached, "seconds": round(record.seconds, 4),
+                        "reason": record.reason})
+
+            async def sample() -> None:
+                while True:
+                    note_transitions()
+                    g = engine.geometry()
+                    rung = ladder.index_of(g)
+                    result.timeline.append((round(time.perf_counter() - t0, 3),
+                                            -1 if rung is None else rung, g.num_pages * page,
+                                            engine.kv.used_pages * page))
+                    await asyncio.sleep(_SAMPLE_S)
+
+            sampler = asyncio.create_task(sample())
+            oracle_lock = asyncio.Lock()
+            oracle_free_s = 0.0
+
+            async def oracle_send(row: RequestRow, prompt: str) -> None:
+                nonlocal oracle_free_s
+                async with oracle_lock:
+                    queued = sum(w.need_pages for w in engine.waiting)
+                    need = math.ceil((row.prompt_tokens + row.max_tokens) / page)
+                    wanted = (engine.kv.used_pages + queued + need) * page
+                    rung = ladder.rung_holding(wanted) or ladder.top
+                    oracle_free_s += await _set_geometry(engine, rung.geometry)
+                    row.rung = rung.index
+                    admitted = asyncio.Event()
+                    row.sent_s = time.perf_counter() - t0
+                    task = asyncio.create_task(_stream(session, url, row, prompt, row.index,
+                                                       admitted))
+                    await admitted.wait()
+                await task
+
+            async def send(row: RequestRow) -> None:
+                prompt = _prompt(opts.seed, row.index, row.prompt_tokens)
+                if arm == "oracle":
+                    await oracle_send(row, prompt)
+                    return
+                row.sent_s = time.perf_counter() - t0
+                row.rung = controller.rung if controller is not None else start.index
+                await _stream(session, target, row, prompt, row.index)
+
+            sessions: dict[str, list[tuple[int, TraceRequest]]] = {}
+            for i, request in enumerate(trace):
+                sessions.setdefault(request.session, []).append((i, request))
+
+            async def replay(turns: list[tuple[int, TraceRequest]]) -> None:
+                previous: TraceRequest | None = None
+                for i, request in turns:
+                    if previous is None:
+                        delay = opts.seconds(request.t_s) - (time.perf_counter() - t0)
+                    else:
+                        delay = opts.seconds(request.t_s - previous.t_s)
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    row = RequestRow(i, request.session, request.kind, request.prompt_tokens,
+                                     request.max_tokens)
+                    result.rows.append(row)
+                    await send(row)
+                    previous = request
+
+            await asyncio.gather(*(replay(turns) for turns in sessions.values()))
+            result.wall_s = time.perf_counter() - t0
+            result.rows.sort(key=lambda r: r.index)
+            result.hits = engine.experts.hits - hits0
+            result.misses = engine.experts.misses - misses0
+            result.engine_rebuilds = len(rebuilds)
+            result.engine_rebuild_s = sum(rebuilds)
+            note_transitions()
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            if daemon is not None and daemon_task is not None:
+                daemon.stop.set()
+                await daemon_task
+    finally:
+        tmp.cleanup()
+        stop_engine.set()
+        await engine_task
+    agg = result.aggregate()
+    say(f"  {arm:<13} {agg['decode_tps']:>8.1f} tok/s  hit {agg['hit_rate'] or 0:.0%}  "
+        f"refused {agg['refused']}  truncated {agg['truncated']}  transitions "
+        f"{agg['transitions']} ({agg['transition_s']:.2f} s)  wall {result.wall_s:.1f} s")
+    return result
+
+
+# ---- a whole run ----------------------------------------------------------------------------
+
+
+def _ratios(arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    def ratio(a: str, b: str) -> float | None:
+        if a not in arms or b not in arms or not arms[b]["decode_tps"]:
+            return None
+        return round(arms[a]["decode_tps"] / arms[b]["decode_tps"], 3)
+
+    return {a: {"vs_static_full": ratio(a, "static-full"), "vs_grow_only": ratio(a, "grow-only"),
+                "vs_oracle": ratio(a, "oracle")} for a in arms}
+
+
+def _targets(arms: dict[str, dict[str, Any]],
+             ratios: dict[str, dict[str, float | None]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in MOE_LADDER_ARMS:
+        if a not in arms:
+            continue
+        r = ratios[a]
+        checks = {"vs_static_full>=1.3": r["vs_static_full"], "vs_grow_only>=1.1":
+                  r["vs_grow_only"], "vs_oracle>=0.95": r["vs_oracle"]}
+        bounds = {"vs_static_full>=1.3": 1.3, "vs_grow_only>=1.1": 1.1, "vs_oracle>=0.95": 0.95}
+        verdict = {k: None if v is None else v >= bounds[k] for k, v in checks.items()}
+        verdict["refused==0"] = arms[a]["refused"] == 0
+        verdict["truncated==0"] = arms[a]["truncated"] == 0
+        out[a] = verdict
+    return out
+
+
+async def run_bench(trace_kind: str, trace: Sequence[TraceRequest],
+                    opts: BenchOptions) -> dict[str, Any]:
+    """Every arm of `opts.arms` on `trace` (already scaled): the run's JSON object."""
+    config = gpu_engine_config() if opts.device.startswith("cuda") else cpu_engine_config()
+    if opts.device.startswith("cuda"):
+        config = replace(config, device=opts.device)
+    import torch
+
+    threads_before = torch.get_num_threads()
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
+    try:
+        return await _run_arms(trace_kind, trace, opts, config)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOptions,
+                    config: Any) -> dict[str, Any]:
+    say = _say(opts)
+    say(f"trace {trace_kind}: {len(trace)} requests, scale 1/{opts.scale:g}, time 1/"
+        f"{opts.compress:g}, device {opts.device}")
+    results: dict[str, ArmResult] = {}
+    for arm in opts.arms:
+        results[arm] = await run_arm(arm, trace, config, opts)
+        gc.collect()  # the arm's engine, pools and host bank go before the next one is built
+        if opts.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+    arms = {a: r.aggregate() for a, r in results.items()}
+    ratios = _ratios(arms)
+    largest = max((r.prompt_tokens + r.max_tokens for r in trace), default=0)
+    return {
+        "trace": trace_kind,
+        "requests": len(trace),
+        "largest_request_tokens": largest,
+        "arms": arms,
+        "ratios": ratios,
+        "targets": _targets(arms, ratios),
+        "ladders": {a: r.ladder for a, r in results.items()},
+        "transitions": {a: r.transitions for a, r in results.items() if r.transitions},
+        "per_request": {a: [row.to_json() for row in r.rows] for a, r in results.items()},
+        "timeline": {a: r.timeline for a, r in results.items()},
+    }
+
+
+def _meta(opts: BenchOptions) -> dict[str, Any]:
+    config = gpu_engine_config() if opts.device.startswith("cuda") else cpu_engine_config()
+    m = config.model
+    import torch
+
+    return {
+        "schema": SCHEMA, "device": opts.device, "torch": torch.__version__,
+        "platform": platform.platform(), "python": platform.python_version(),
+        "cpu_note": None if opts.device.startswith("cuda") else (
+            "CPU run of the scaled-down engine: speeds are this machine's, not a GPU's; the "
+            "GPU targets do not apply"),
+        "scale": opts.scale, "compress": opts.compress, "seed": opts.seed,
+        "threads": opts.threads,
+        "arms": list(opts.arms),
+        "engine": {"num_layers": m.num_layers, "num_experts": m.num_experts, "top_k": m.top_k,
+                   "hidden": m.hidden, "expert_hidden": m.expert_hidden,
+                   "expert_bytes": m.expert_bytes, "kv_bytes_per_token": m.kv_bytes_per_token,
+                   "routing_preset": m.routing_preset,
+                   "device_memory_bytes": config.device_memory_bytes,
+                   "cache_budget_bytes": config.cache_budget_bytes,
+                   "max_seq_len": config.max_seq_len,
+                   "max_running_requests": config.max_running_requests,
+                   "rebuild_mode": config.rebuild_mode},
+    }
+
+
+def render_table(run: dict[str, Any]) -> str:
+    lines = [f"trace {run['trace']} ({run['requests']} requests)",
+             f"  {'arm':<13} {'tok/s':>8} {'xfull':>6} {'xgrow':>6} {'xorac':>6} {'refused':>7} "
+             f"{'trunc':>5} {'trans':>5} {'trans_s':>7} {'hit':>5} {'ttft_p50':>8}"]
+    for arm, a in run["arms"].items():
+        r = run["ratios"][arm]
+
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
+        ttft = "-" if a["ttft_median_s"] is None else f"{a['ttft_median_s']:.3f}"
+        hit = "-" if a["hit_rate"] is None else f"{a['hit_rate']:.0%}"
+        lines.append(f"  {arm:<13} {a['decode_tps']:>8.1f} {fmt(r['vs_static_full']):>6} "
+                     f"{fmt(r['vs_grow_only']):>6} {fmt(r['vs_oracle']):>6} {a['refused']:>7} "
+                     f"{a['truncated']:>5} {a['transitions']:>5} {a['transition_s']:>7.2f} "
+                     f"{hit:>5} {ttft:>8}")
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: str) -> bool:
+    """Rung and live context over time per arm, and tokens/s per arm; False without
+    matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = list(doc["runs"].values())
+    arms = list(runs[0]["arms"]) if runs else []
+    fig, axes = plt.subplots(len(arms) + 1, len(runs), figsize=(6 * len(runs),
+                                                                 2.0 * (len(arms) + 1)),
+                             squeeze=False)
+    for col, run in enumerate(runs):
+        for row, arm in enumerate(arms):
+            ax = axes[row][col]
+            timeline = run["timeline"].get(arm, [])
+            t = [s[0] for s in timeline]
+            ax.step(t, [s[2] for s in timeline], where="post", label="KV capacity")
+            ax.plot(t, [s[3] for s in timeline], label="live context")
+            ax.set_ylabel("tokens")
+            ax.set_title(f"{run['trace']}: {arm}", fontsize=9)
+            twin = ax.twinx()
+            twin.step(t, [s[1] for s in timeline], where="post", color="tab:gray",
+                      alpha=0.5, linestyle=":")
+            twin.set_ylabel("rung", fontsize=8)
+            if row == 0:
+                ax.legend(fontsize=7, loc="upper left")
+        ax = axes[len(arms)][col]
+        names = list(run["arms"])
+        ax.bar(names, [run["arms"][a]["decode_tps"] for a in names])
+        ax.set_ylabel("decode tok/s")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        ax.set_title(f"{run['trace']}: aggregate decode tokens/s", fontsize=9)
+    fig.suptitle(f"bench/ladder on {doc['meta']['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", default="mixed",
+                        help="mixed, agentic, chat, a comma list, or all (default mixed)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--smoke", action="store_true", help="few requests (CI)")
+    parser.add_argument("--requests", type=int, default=None, help="requests per trace")
+    parser.add_argument("--scale", type=float, default=None,
+                        help="divide token counts by this (default 36 on cpu, 1 on cuda)")
+    parser.add_argument("--output-scale", type=float, default=1.0,
+                        help="divide max_tokens by this too (GPU runs: 8 keeps a trace under "
+                             "10 minutes; contexts keep their size)")
+    parser.add_argument("--compress", type=float, default=20.0,
+                        help="divide trace times and daemon time constants by this")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma list of arms")
+    parser.add_argument("--out", default=None, help="write the JSON here")
+    parser.add_argument("--plot", default=None, help="write a PNG here (needs matplotlib)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default 1 on cpu, torch's own on cuda)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    kinds = ["mixed", "agentic", "chat"] if args.trace == "all" else args.trace.split(",")
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    for bad in [k for k in kinds if k not in ("mixed", "agentic", "chat")] + [
+            a for a in arms if a not in ARMS]:
+        print(f"bench/ladder: unknown trace or arm {bad!r}", file=sys.stderr)
+        return 2
+    cuda = args.device.startswith("cuda")
+    scale = args.scale if args.scale is not None else (1.0 if cuda else 36.0)
+    opts = BenchOptions(device=args.device, scale=scale, compress=args.compress,
+                        seed=args.seed, arms=arms, quiet=args.quiet,
+                        threads=args.threads if args.threads is not None else (
+                            None if cuda else 1))
+    doc: dict[str, Any] = {"meta": {**_meta(opts), "output_scale": args.output_scale},
+                           "runs": {}}
+    started = time.perf_counter()
+    for kind in kinds:
+        n = args.requests or (SMOKE_REQUESTS if args.smoke else FULL_REQUESTS)[kind]
+        trace = build_trace(kind, n, seed=args.seed, scale=scale,
+                            output_scale=args.output_scale)
+        run = asyncio.run(run_bench(kind, trace, opts))
+        doc["runs"][kind] = run
+        print(render_table(run))
+    doc["meta"]["wall_s"] = round(time.perf_counter() - started, 1)
+    if opts.device == "cpu":
+        print("(CPU numbers of the scaled-down engine: not a GPU's; targets are for the H200.)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    if args.plot and not plot(doc, args.plot):
+        print("bench/ladder: matplotlib is not installed; no plot", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

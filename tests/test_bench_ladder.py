@@ -1,0 +1,105 @@
+"""bench/ladder.py smoke run (CI): every arm on a handful of requests, on the CPU engine.
+
+A short chat, a long agentic turn that only the larger rungs hold, more chat, and the next
+agentic turn: the moe-ladder arms must serve everything whole, the static short geometry must
+refuse or cut the long turns, and the oracle (the best rung per request) must hit the expert
+cache at least as often as the static full-context geometry, which has the fewest slots.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+def _load_bench() -> ModuleType:
+    # bench/ is not a package (and is not installed); load the file itself.
+    path = Path(__file__).resolve().parents[1] / "bench" / "ladder.py"
+    spec = importlib.util.spec_from_file_location("bench_ladder", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look the module up, and the daemon loads `bench_ladder:GrowOnly` by name.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def _tiny_trace() -> list:
+    r = bench.TraceRequest
+    return [
+        r(0.0, "chat-0", 20, 8, "chat"),
+        r(0.1, "agentic-0", 1500, 16, "agentic"),
+        r(0.3, "chat-1", 40, 6, "chat"),
+        r(1.5, "agentic-0", 1700, 12, "agentic"),
+        r(1.6, "chat-2", 120, 24, "chat"),
+    ]
+
+
+@pytest.mark.timeout(90)
+async def test_every_arm_on_a_tiny_trace() -> None:
+    opts = bench.BenchOptions(compress=1.0, quiet=True)
+    run = await bench.run_bench("tiny", _tiny_trace(), opts)
+    json.dumps(run)  # one JSON object, serialisable as it is
+    arms = run["arms"]
+    assert set(arms) == set(bench.ARMS)
+    for arm in bench.ARMS:
+        assert arms[arm]["requests"] == 5
+        assert len(run["per_request"][arm]) == 5
+        assert set(run["ratios"][arm]) == {"vs_static_full", "vs_grow_only", "vs_oracle"}
+    for arm in ("headroom", "throughput", "pinned-0", "grow-only", "static-full", "oracle"):
+        assert arms[arm]["refused"] == 0, (arm, run["per_request"][arm])
+        assert arms[arm]["truncated"] == 0, (arm, run["per_request"][arm])
+        assert arms[arm]["decode_tps"] > 0
+    # The bottom rung holds 128 KV tokens: both agentic turns are refused there, and the
+    # 120-token chat (plus its 24 tokens out) is cut short or refused.
+    short = run["per_request"]["static-short"]
+    assert all(row["refused"] for row in short if row["kind"] == "agentic")
+    assert short[4]["refused"] or short[4]["truncated"]
+    assert arms["static-short"]["refused"] + arms["static-short"]["truncated"] >= 3
+    # The best rung for each request has at least the slots of the top rung.
+    assert arms["oracle"]["hit_rate"] >= arms["static-full"]["hit_rate"]
+    assert arms["oracle"]["free_transitions"] is True
+    # The moe-ladder arms stepped up for the long turns, through the daemon.
+    assert arms["headroom"]["transitions"] >= 1
+    assert run["targets"].keys() == {"headroom", "throughput"}
+
+
+def test_grow_only_never_steps_down() -> None:
+    from policies.api import LadderView, Observation, RungView
+
+    view = LadderView(tuple(RungView(i, kv, 100 - 10 * i, 4)
+                            for i, kv in enumerate((1824, 2736, 3648))))
+    policy = bench.GrowOnly()
+
+    def decide(live: int, pending: int = 0) -> int:
+        return policy.decide(Observation(now_s=0.0, rung=None, live_kv_tokens=live,
+                                         pending_kv_tokens=pending, active_requests=0,
+                                         decode_tps=None), view).rung
+
+    assert decide(0) == 0
+    assert decide(2000) == 1
+    assert decide(1000, 2000) == 2
+    assert decide(0) == 2
+    with pytest.raises(ValueError, match="unknown option"):
+        bench.GrowOnly(step=3)
+
+
+def test_cli_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    assert bench.main(["--trace", "chat", "--requests", "3", "--arms", "static-full,oracle",
+                       "--quiet", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["schema"] == bench.SCHEMA
+    assert set(doc["runs"]["chat"]["arms"]) == {"static-full", "oracle"}
+    assert bench.main(["--trace", "nope"]) == 2
