@@ -32,7 +32,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import aiohttp
 from aiohttp import web
@@ -358,7 +358,7 @@ class FaultProxy:
         self._refusing = True
         server = self._site._server
         if server is not None:
-            server.close()  # type: ignore[no-untyped-call]
+            cast(Any, server).close()  # typed differently across aiohttp versions
         try:
             await self.clock.sleep(seconds)
         finally:
