@@ -121,7 +121,10 @@ def run_torch(args: argparse.Namespace, alloc_first: bool) -> dict[str, Any]:
 
     device = torch.device("cuda")
     torch.cuda.init()  # type: ignore[no-untyped-call]
-    torch.empty(1, device=device)
+    # Load the kernels used below before the card is full: lazy module loading allocates
+    # device memory at a kernel's first launch, and 1 MiB left is not enough for it.
+    torch.empty(1 << 20, dtype=torch.uint8, device=device).fill_(1)
+    torch.cuda.synchronize()
     chunk = args.chunk_mib * MIB
     filler = emulate_card(args.card_gib * GIB, device)
     try:
@@ -434,7 +437,9 @@ def run_vmm(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
     device = torch.device("cuda")
     torch.cuda.init()  # type: ignore[no-untyped-call]
-    torch.empty(1, device=device)
+    # As in run_torch: load the fill kernel while there is room for its module.
+    torch.empty(1 << 20, dtype=torch.uint8, device=device).fill_(1)
+    torch.cuda.synchronize()
     index = torch.cuda.current_device()
     vmm = Vmm(cu, index)
     chunk = args.chunk_mib * MIB
