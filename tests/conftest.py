@@ -20,6 +20,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+CAPTURES = FIXTURES / "freetoken-0.1.2"
+
+
+def captured_manifest() -> dict[str, dict[str, Any]]:
+    """Every captured ft serve document's manifest entry (method, path, status...), by file."""
+    entries: dict[str, dict[str, Any]] = {}
+    for manifest in sorted(CAPTURES.glob("_manifest.*.json")):
+        for entry in json.loads(manifest.read_text()):
+            entries[entry["file"]] = entry
+    return entries
+
+
 def load_fixture(name: str) -> Any:
     return json.loads((FIXTURES / name).read_text())
 

@@ -13,7 +13,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,21 +31,13 @@ from ladder.client import (
     Unauthorized,
 )
 from ladder.wire import Health, RebuildOutcome, RequestLog, Stats, WireError
+from tests.conftest import CAPTURES, captured_manifest
 from tests.ladder.test_wire import HEALTH_STATE, REBUILD_KIND
 
-CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "freetoken-0.1.2"
 API_KEY = "sk-test-0123456789abcdef"
 
 
-def _manifest() -> dict[str, dict[str, Any]]:
-    entries: dict[str, dict[str, Any]] = {}
-    for manifest in sorted(CAPTURES.glob("_manifest.*.json")):
-        for entry in json.loads(manifest.read_text()):
-            entries[entry["file"]] = entry
-    return entries
-
-
-MANIFEST = _manifest()
+MANIFEST = captured_manifest()
 CONTROL_ROUTES = {"/health", "/v1/cache/status", "/v1/stats", "/v1/requests", "/v1/cache/rebuild"}
 CONTROL_FILES = sorted(
     name for name, e in MANIFEST.items() if e["path"].split("?", 1)[0] in CONTROL_ROUTES

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,19 +30,9 @@ from ladder.wire import (
     parse_requests,
     parse_stats,
 )
+from tests.conftest import CAPTURES, captured_manifest
 
-CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "freetoken-0.1.2"
-
-
-def _manifest() -> dict[str, dict[str, Any]]:
-    entries: dict[str, dict[str, Any]] = {}
-    for manifest in sorted(CAPTURES.glob("_manifest.*.json")):
-        for entry in json.loads(manifest.read_text()):
-            entries[entry["file"]] = entry
-    return entries
-
-
-MANIFEST = _manifest()
+MANIFEST = captured_manifest()
 
 
 def _doc(name: str) -> Any:
