@@ -27,10 +27,6 @@ from engine.scenarios import report_config
 PROMPTS = [[(7 * i + j) % 50 + 3 for j in range(5 + i % 7)] for i in range(12)]
 
 
-def storage_bytes(engine: ReferenceEngine) -> int:
-    tensors = [t for pool in (engine.experts, engine.kv, engine.states)
-               for t in pool.chunk_tensors()]
-    return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
 def rss_bytes() -> int:
@@ -60,7 +56,7 @@ async def run_load(rounds: int, *, rebuild: bool, max_tokens: int = 24
             if status == 200:
                 rebuilds += 1
                 i += 1
-            drift.append(engine.memory.allocated_bytes - storage_bytes(engine))
+            drift.append(engine.memory.allocated_bytes - engine.storage_bytes())
             await asyncio.sleep(0.002)
 
     async def one(prompt: list[int], seed: int) -> list[int]:
@@ -92,7 +88,7 @@ async def measure(waves: int) -> dict[str, object]:
         "rebuilds_during_load": rebuilds,
         "outputs_identical": outputs == baseline,
         "max_accounting_drift_bytes": max((abs(d) for d in drift), default=0),
-        "final_accounting_drift_bytes": engine.memory.allocated_bytes - storage_bytes(engine),
+        "final_accounting_drift_bytes": engine.memory.allocated_bytes - engine.storage_bytes(),
         "rss_before_bytes": before, "rss_after_bytes": after,
         "rss_growth": round(after / before - 1.0, 4),
         "wall_s": round(time.perf_counter() - started, 1),

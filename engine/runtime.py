@@ -226,6 +226,11 @@ class ReferenceEngine:
     def geometry(self) -> Geometry:
         return Geometry(self.experts.num_slots, self.kv.num_pages, self.states.num_slots)
 
+    def storage_bytes(self) -> int:
+        """What torch itself reports for every chunk the pools hold, to check the count."""
+        return sum(t.untyped_storage().nbytes() for pool in (self.experts, self.kv, self.states)
+                   for t in pool.chunk_tensors())
+
     def max_seq_len(self) -> int:
         return min(self.config.max_seq_len, self.kv.num_pages * self.shape.page_size)
 

@@ -281,10 +281,6 @@ async def test_resize_while_decoding_keeps_the_output(serve: Any) -> None:
     assert engine.chunk_pauses  # decode ran between chunk operations
 
 
-def storage_bytes(engine: ReferenceEngine) -> int:
-    tensors = [t for pool in (engine.experts, engine.kv, engine.states)
-               for t in pool.chunk_tensors()]
-    return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
 async def test_accounting_matches_torch(serve: Any) -> None:
@@ -294,11 +290,11 @@ async def test_accounting_matches_torch(serve: Any) -> None:
                  {"moe_cache_size": 20, "num_pages": 100}, {"num_mamba_slots": 4}):
         resp = await client.post("/v1/cache/rebuild", json=body)
         assert resp.status == 200, await resp.text()
-        assert engine.memory.allocated_bytes == storage_bytes(engine)
+        assert engine.memory.allocated_bytes == engine.storage_bytes()
         # What the planner prices is what the pools hold, to the byte.
         assert engine.memory.allocated_bytes == model.total_bytes(engine.geometry())
     status = await (await client.get("/v1/cache/status")).json()
-    assert status["engine"]["allocated_bytes"] == storage_bytes(engine)
+    assert status["engine"]["allocated_bytes"] == engine.storage_bytes()
 
 
 async def test_metrics_endpoint(serve: Any) -> None:
@@ -338,7 +334,7 @@ async def test_report_transitions_oom_in_freetoken_mode_and_succeed_incrementall
     assert reply["error"].startswith("rebuild failed and was rolled back: OutOfMemoryError")
     assert reply["moe_cache_size"] == before["moe_cache_size"]
     assert (await (await client.get("/health")).json())["maintenance"] == "serving"
-    assert engine.memory.allocated_bytes == storage_bytes(engine)
+    assert engine.memory.allocated_bytes == engine.storage_bytes()
     await complete(client, words(10), 4)  # still serving at the old sizes
 
     engine2, client2 = await serve(report_config("incremental", max_running_requests=4))
