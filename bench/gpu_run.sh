@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# One device call: the engine's CUDA tests, then both allocation benchmarks.
-# Usage on the device machine, from the repo root:  bash bench/gpu_run.sh "$OUT"
-# Each step is bounded so the whole run ends well inside one 10-minute call; a failing step
-# does not stop the next. Everything lands in $OUT (8 files at most come back).
+# GPU benchmark steps for one device call (each call may run for 10 minutes at most).
+# Usage on the device machine, from the repo root:
+#   bash bench/gpu_run.sh "$OUT" STEP[:SECONDS] ...
+# Steps:
+#   pytest_gpu      the engine's CUDA tests (-m gpu)
+#   gpu_alloc       bench/gpu_alloc.py: torch + expandable segments vs raw VMM
+#   transition      bench/transition_bench.py: a 3 GiB KV -> experts conversion at 99 % fill
+#                   while decoding, incremental vs freetoken (16 GiB emulated card)
+#   transitions     bench/transitions.py --mode engine: sampled rung pairs of the four
+#                   geometries, real OOMs and torch peaks (16 GiB emulated card)
+#   ladder_agentic  bench/ladder.py on the agentic trace, every arm (JSON + PNG)
+#   ladder_mixed    the same on the mixed trace
+#   ladder_smoke    4 agentic requests, 3 arms: the CUDA path works, and how fast it decodes
+# Each step is bounded by its SECONDS (defaults below) and a failing step does not stop the
+# next; its exit status and duration land in $OUT/env.txt. At most 8 files come back from a
+# device call: each step writes one JSON and one log (ladder steps a PNG too).
 set -u
-OUT=${1:-${OUT:-/tmp/out}}
+OUT=${1:?usage: gpu_run.sh OUT STEP[:SECONDS] ...}
+shift
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-start=$(date +%s)
-left() { echo $(( 570 - ($(date +%s) - start) )); }
 if ls .whl_gpu/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl_gpu/*.whl
@@ -17,30 +28,56 @@ export PYTHONPATH=.:/tmp/site
 {
   date -u +%FT%TZ
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import sys, torch, cuda.bindings, pytest; print(sys.version.split()[0], torch.__version__, torch.version.cuda, 'cuda-bindings', cuda.bindings.__version__, 'pytest', pytest.__version__)"
+  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
   nproc; free -g | head -2
 } > "$OUT/env.txt" 2>&1
 
-run() {  # run NAME SECONDS CMD...: bounded, its exit status recorded in env.txt
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@"
-  local rc=$?
+# Arms in the order the targets need them, so a step cut short keeps the comparisons that count.
+ARMS=static-full,grow-only,headroom,oracle,throughput,pinned-0,static-short
+EXPANDABLE=expandable_segments:True
+
+step() {  # step NAME SECONDS: run one named step, bounded
+  local name=$1 limit=$2 t0 rc
+  t0=$(date +%s)
+  case $name in
+    pytest_gpu)
+      timeout "$limit" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider -rA \
+        > "$OUT/pytest-gpu.log" 2>&1 ;;
+    gpu_alloc)
+      timeout "$limit" python3 bench/gpu_alloc.py --out "$OUT/gpu_alloc.json" \
+        > "$OUT/gpu_alloc.log" 2>&1 ;;
+    transition)
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/transition_bench.py \
+        --device cuda --alloc-conf expandable --out "$OUT/transition.json" \
+        > "$OUT/transition.log" 2>&1 ;;
+    transitions)
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/transitions.py \
+        --mode engine --device cuda --out "$OUT/transitions.json" \
+        > "$OUT/transitions.log" 2>&1 ;;
+    ladder_agentic|ladder_mixed)
+      local trace=${name#ladder_}
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/ladder.py \
+        --device cuda --trace "$trace" --output-scale 8 --arms "$ARMS" \
+        --out "$OUT/ladder-$trace.json" --plot "$OUT/ladder-$trace.png" \
+        > "$OUT/ladder-$trace.log" 2>&1 ;;
+    ladder_smoke)
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/ladder.py \
+        --device cuda --trace agentic --requests 4 --output-scale 8 \
+        --arms static-full,headroom,oracle --out "$OUT/ladder-smoke.json" \
+        > "$OUT/ladder-smoke.log" 2>&1 ;;
+    *)
+      echo "gpu_run.sh: unknown step $name" >&2; return 2 ;;
+  esac
+  rc=$?
   echo "step $name rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$OUT/env.txt"
 }
 
-run pytest_gpu 90 python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider -rA \
-  > "$OUT/pytest.log" 2>&1
-run gpu_alloc 200 python3 bench/gpu_alloc.py --out "$OUT/gpu_alloc.json" > "$OUT/gpu_alloc.log" 2>&1
-run transition $(( $(left) > 220 ? 220 : $(left) )) \
-  env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/transition_bench.py --device cuda --alloc-conf expandable \
-  --out "$OUT/transition.json" > "$OUT/transition.log" 2>&1
-run pytest_engine $(( $(left) > 120 ? 120 : $(left) )) python3 -m pytest -q tests/engine \
-  -p no:cacheprovider -rs >> "$OUT/pytest.log" 2>&1
-if [ "$(left)" -gt 100 ]; then
-  env -u PYTORCH_CUDA_ALLOC_CONF bash -c "timeout $(( $(left) - 10 )) python3 bench/transition_bench.py \
-    --device cuda --alloc-conf default --skip-freetoken --out '$OUT/transition_default.json' \
-    > '$OUT/transition_default.log' 2>&1; echo step transition_default rc=\$? >> '$OUT/env.txt'"
-fi
-echo "total seconds=$(( $(date +%s) - start ))" >> "$OUT/env.txt"
+declare -A DEFAULT_S=([pytest_gpu]=90 [gpu_alloc]=200 [transition]=220 [transitions]=200
+                      [ladder_agentic]=560 [ladder_mixed]=560 [ladder_smoke]=120)
+for spec in "$@"; do
+  name=${spec%%:*}
+  seconds=${spec#*:}
+  [ "$seconds" = "$spec" ] && seconds=${DEFAULT_S[$name]:-300}
+  step "$name" "$seconds"
+done
 cat "$OUT/env.txt"

@@ -410,8 +410,9 @@ def _say(opts: BenchOptions) -> Callable[[str], None]:
 
 
 async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
-                  opts: BenchOptions) -> ArmResult:
-    """One arm on a fresh engine: set its geometry or start its daemon, replay, measure."""
+                  opts: BenchOptions, model: Any = None) -> ArmResult:
+    """One arm on a fresh engine (pools, scheduler, server; `model`'s weights when given):
+    set its geometry or start its daemon, replay, measure."""
     from engine.runtime import ReferenceEngine
     from engine.server import serve
     from ladder.daemon import build_daemon
@@ -419,7 +420,7 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
 
     say = _say(opts)
     result = ArmResult(arm, free_transitions=arm == "oracle")
-    engine = ReferenceEngine(config)
+    engine = ReferenceEngine(config, model=model)
     stop_engine = asyncio.Event()
     port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     engine_task = asyncio.create_task(serve(engine, port=0, stop=stop_engine,
@@ -604,9 +605,12 @@ def _targets(arms: dict[str, dict[str, Any]],
     return out
 
 
-async def run_bench(trace_kind: str, trace: Sequence[TraceRequest],
-                    opts: BenchOptions) -> dict[str, Any]:
-    """Every arm of `opts.arms` on `trace` (already scaled): the run's JSON object."""
+async def run_bench(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOptions,
+                    on_arm: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every arm of `opts.arms` on `trace` (already scaled): the run's JSON object.
+
+    `on_arm` gets the object so far after each arm, so a run cut short keeps what it measured.
+    """
     config = gpu_engine_config() if opts.device.startswith("cuda") else cpu_engine_config()
     if opts.device.startswith("cuda"):
         config = replace(config, device=opts.device)
@@ -616,24 +620,39 @@ async def run_bench(trace_kind: str, trace: Sequence[TraceRequest],
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     try:
-        return await _run_arms(trace_kind, trace, opts, config)
+        return await _run_arms(trace_kind, trace, opts, config, on_arm)
     finally:
         torch.set_num_threads(threads_before)
 
 
 async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOptions,
-                    config: Any) -> dict[str, Any]:
+                    config: Any,
+                    on_arm: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    import torch
+
+    from engine.decoder import TinyMoE
+
     say = _say(opts)
     say(f"trace {trace_kind}: {len(trace)} requests, scale 1/{opts.scale:g}, time 1/"
         f"{opts.compress:g}, device {opts.device}")
+    # One model for every arm: the same weights, and the host expert bank (6 GiB pinned on
+    # the GPU config) is built once, not once an arm.
+    model = TinyMoE(config.model, torch.device(config.device))
     results: dict[str, ArmResult] = {}
+    run: dict[str, Any] = {}
     for arm in opts.arms:
-        results[arm] = await run_arm(arm, trace, config, opts)
-        gc.collect()  # the arm's engine, pools and host bank go before the next one is built
+        results[arm] = await run_arm(arm, trace, config, opts, model)
+        gc.collect()  # the arm's engine and pools go before the next one is built
         if opts.device.startswith("cuda"):
-            import torch
-
             torch.cuda.empty_cache()
+        run = _run_doc(trace_kind, trace, results)
+        if on_arm is not None:
+            on_arm(run)
+    return run
+
+
+def _run_doc(trace_kind: str, trace: Sequence[TraceRequest],
+             results: dict[str, ArmResult]) -> dict[str, Any]:
     arms = {a: r.aggregate() for a, r in results.items()}
     ratios = _ratios(arms)
     largest = max((r.prompt_tokens + r.max_tokens for r in trace), default=0)
@@ -777,19 +796,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc: dict[str, Any] = {"meta": {**_meta(opts), "output_scale": args.output_scale},
                            "runs": {}}
     started = time.perf_counter()
+
+    def write(kind: str | None = None, run: dict[str, Any] | None = None) -> None:
+        if kind is not None:
+            doc["runs"][kind] = run
+        doc["meta"]["wall_s"] = round(time.perf_counter() - started, 1)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+
     for kind in kinds:
         n = args.requests or (SMOKE_REQUESTS if args.smoke else FULL_REQUESTS)[kind]
         trace = build_trace(kind, n, seed=args.seed, scale=scale,
                             output_scale=args.output_scale)
-        run = asyncio.run(run_bench(kind, trace, opts))
-        doc["runs"][kind] = run
+        run = asyncio.run(run_bench(kind, trace, opts,
+                                    on_arm=lambda partial, kind=kind: write(kind, partial)))
         print(render_table(run))
-    doc["meta"]["wall_s"] = round(time.perf_counter() - started, 1)
+    write()
     if opts.device == "cpu":
         print("(CPU numbers of the scaled-down engine: not a GPU's; targets are for the H200.)")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     if args.plot and not plot(doc, args.plot):
         print("bench/ladder: matplotlib is not installed; no plot", file=sys.stderr)
     return 0

@@ -59,7 +59,6 @@ if __package__ in (None, ""):
 
 import torch
 
-from engine import runtime
 from engine.decoder import ModelSpec
 from engine.memory import enable_expandable_segments
 from engine.pools import ChunkEvent
@@ -544,10 +543,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     if not args.skip_freetoken:
         # Same geometry, ft serve's execution. The model (weights on the device, 4 GiB pinned
         # expert bank) is reused rather than rebuilt: only the pools differ between the runs.
-        original = runtime.TinyMoE
-        runtime.TinyMoE = lambda spec, device: model  # type: ignore[assignment,misc]
         try:
-            engine = ReferenceEngine(replace(config, rebuild_mode="freetoken"))
+            engine = ReferenceEngine(replace(config, rebuild_mode="freetoken"), model=model)
             await engine.start()
             try:
                 report["freetoken"] = await run_freetoken(engine, sizing)
@@ -556,8 +553,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             del engine
         except Exception as exc:  # noqa: BLE001
             report["freetoken"] = {"error": "".join(traceback.format_exception(exc))[-3000:]}
-        finally:
-            runtime.TinyMoE = original  # type: ignore[misc]
         gc.collect()
     inc = report["incremental"]
     if "error" in inc:

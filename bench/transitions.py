@@ -517,8 +517,8 @@ class _Cuda:
         torch.empty(1, device=self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         used = total - free
-        nbytes = (card_bytes - used - scaled.spec.dense_weight_bytes - scaled.budget_bytes
-                  - scaled.headroom_bytes)
+        # `used` already holds the model's weights: it is built before the stand-in.
+        nbytes = card_bytes - used - scaled.budget_bytes - scaled.headroom_bytes
         if nbytes <= 0:
             raise SystemExit(f"the scaled geometry ({scaled.budget_bytes} B budget) does not "
                              f"fit a {card_bytes}-byte card with {used} B already used")
@@ -548,15 +548,17 @@ def _oom(text: str | None) -> bool:
 
 
 async def run_one(scaled: ScaledGeometry, start: Geometry, target: Geometry, *, how: str,
-                  mode: str, device: str, card_bytes: int, reserve_bytes: int) -> EngineRun:
-    """One transition on a fresh engine served over loopback HTTP; real peaks measured."""
+                  mode: str, device: str, card_bytes: int, reserve_bytes: int,
+                  model: Any) -> EngineRun:
+    """One transition on a fresh engine (`model`'s weights) served over loopback HTTP; real
+    peaks measured."""
     from engine.runtime import ReferenceEngine
     from ladder.client import FtServeClient
     from ladder.executor import ApplySettings, apply_target
 
     cuda = _Cuda(device)
     standin = cuda.standin(scaled, card_bytes)
-    engine = ReferenceEngine(_config(scaled, start, mode, device, card_bytes))
+    engine = ReferenceEngine(_config(scaled, start, mode, device, card_bytes), model=model)
     runner, url = await _serve(engine)
     try:
         async with FtServeClient(url, timeout_s=120) as client:
@@ -625,6 +627,12 @@ async def run_engine_mode(geo: BenchGeometry, sizes: EngineSizes, *, device: str
     status, ladder = engine_ladder(scaled)
     chosen = list(pairs) if pairs is not None else sample_pairs(ladder, pair_sample)
     capacity = scaled.budget_bytes + scaled.headroom_bytes
+    import torch
+
+    from engine.decoder import TinyMoE
+
+    # One model per geometry: its host expert bank is GiBs on CUDA, the pools are the subject.
+    model = TinyMoE(scaled.spec, torch.device(device))
     rows: list[dict[str, Any]] = []
     for src, dst in chosen:
         a, b = ladder.rungs[src].geometry, ladder.rungs[dst].geometry
@@ -632,7 +640,8 @@ async def run_engine_mode(geo: BenchGeometry, sizes: EngineSizes, *, device: str
         runs: dict[str, dict[str, Any]] = {}
         for how, mode in RUNS:
             run = await run_one(scaled, a, b, how=how, mode=mode, device=device,
-                                card_bytes=card_bytes, reserve_bytes=ladder.model.reserve_bytes)
+                                card_bytes=card_bytes, reserve_bytes=ladder.model.reserve_bytes,
+                                model=model)
             runs[f"{how}_{mode}"] = asdict(run)
         rows.append({"src": src, "dst": dst, "start": a.to_json(), "target": b.to_json(),
                      "risky": direction.risky,

@@ -29,6 +29,7 @@ from engine.routing import PRESETS, Router, RoutingStream
 __all__ = ["DecodeRequest", "ModelSpec", "TinyMoE"]
 
 _FLOAT_BYTES = 4
+_PREFILL_BLOCK_PAGES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,15 +152,22 @@ class TinyMoE:
         s = self.spec
         pages = kv.page_table(req.request_id)
         body = req.prompt_ids[:-1]
-        if body:
-            x = self.embed[torch.tensor(body, device=self.device)]
-            keys = torch.einsum("th,lhd->ltd", x, self.wk)
-            values = torch.einsum("th,lhd->ltd", x, self.wv)
-            for start in range(0, len(body), s.page_size):
-                page = self._kv_page(kv, pages[start // s.page_size])
-                end = min(len(body), start + s.page_size)
-                page[:, 0, : end - start] = keys[:, start:end]
-                page[:, 1, : end - start] = values[:, start:end]
+        # Blocks of whole pages bound the temporaries (a 200k-token prompt's KV is GiBs).
+        block_tokens = s.page_size * _PREFILL_BLOCK_PAGES
+        for start in range(0, len(body), block_tokens):
+            ids = body[start : start + block_tokens]
+            n_pages = -(-len(ids) // s.page_size)
+            x = self.embed[torch.tensor(ids, device=self.device)]
+            block = torch.zeros(s.num_layers, 2, n_pages * s.page_size, s.head_dim,
+                                device=self.device)
+            block[:, 0, : len(ids)] = torch.einsum("th,lhd->ltd", x, self.wk)
+            block[:, 1, : len(ids)] = torch.einsum("th,lhd->ltd", x, self.wv)
+            # [layer, k/v, page, token, dim] -> the pool's page layout [page, layer, k/v, ...].
+            paged = block.view(s.num_layers, 2, n_pages, s.page_size, s.head_dim)
+            first = start // s.page_size
+            kv.write_pages(pages[first : first + n_pages],
+                           paged.permute(2, 0, 1, 3, 4).contiguous().view(torch.uint8)
+                           .view(n_pages, -1))
         states.slot_view(states.slot_of(req.request_id)).zero_()
         req.position = len(body)
         req.last_token = req.prompt_ids[-1]
@@ -171,20 +179,26 @@ class TinyMoE:
         pos = req.position
         pages = kv.page_table(req.request_id)
         n_pages = pos // s.page_size + 1
-        # One gather of the history per token; each layer reads its own slice.
-        history = torch.stack([self._kv_page(kv, p) for p in pages[:n_pages]])
+        # One gather of the history per token (a private copy); each layer reads its slice.
+        history = kv.gather_pages(pages[:n_pages]).view(torch.float32).view(
+            n_pages, s.num_layers, 2, s.page_size, s.head_dim)
         page = self._kv_page(kv, pages[pos // s.page_size])
         offset = pos % s.page_size
         state = states.slot_view(states.slot_of(req.request_id)).view(torch.float32).view(
             s.num_layers, s.state_heads, s.head_dim, s.head_dim)
-        choices = req.routing.step()
+        # One host-to-device copy of the token's routing: indexing a device tensor with a
+        # Python list copies (and synchronises) once per layer.
+        routing = req.routing.step()
+        chosen_host = routing.tolist()
+        choices = torch.from_numpy(routing).to(self.device)
         x = self.embed[req.last_token].clone()
         for layer in range(s.num_layers):
             q, k, v = x @ self.wq[layer], x @ self.wk[layer], x @ self.wv[layer]
             page[layer, 0, offset] = k
             page[layer, 1, offset] = v
-            keys = history[:, layer, 0].reshape(-1, s.head_dim)[: pos + 1].clone()
-            values = history[:, layer, 1].reshape(-1, s.head_dim)[: pos + 1].clone()
+            # The history is a copy taken before this token's KV was written: put it in.
+            keys = history[:, layer, 0].reshape(-1, s.head_dim)[: pos + 1]
+            values = history[:, layer, 1].reshape(-1, s.head_dim)[: pos + 1]
             keys[pos], values[pos] = k, v
             attn = torch.softmax(keys @ q / math.sqrt(s.head_dim), dim=0)
             x = x + (attn @ values) @ self.wo[layer]
@@ -194,18 +208,19 @@ class TinyMoE:
             sq = (x @ self.ws_q[layer]).view(s.state_heads, 1, s.head_dim)
             state[layer].mul_(0.9).add_(0.1 * sk.unsqueeze(2) * sv.unsqueeze(1))
             x = x + (sq @ state[layer]).reshape(-1) @ self.ws_o[layer] / s.head_dim
-            chosen = [int(e) for e in choices[layer]]
-            gates = torch.softmax(x @ self.wgate[layer][:, chosen], dim=0)
-            mixed = torch.zeros_like(x)
-            for gate, expert in zip(gates, chosen, strict=True):
+            gates = torch.softmax(x @ self.wgate[layer].index_select(1, choices[layer]), dim=0)
+            slots = []
+            for expert in chosen_host[layer]:
                 slot = experts.lookup(layer, expert)
                 if slot is None:
                     slot = experts.admit(layer, expert, self.host_bank[layer, expert])
-                w = experts.slot_view(slot).view(torch.float32)
-                w_in = w[: s.hidden * s.expert_hidden].view(s.hidden, s.expert_hidden)
-                w_out = w[s.hidden * s.expert_hidden:].view(s.expert_hidden, s.hidden)
-                mixed += gate * (torch.relu(x @ w_in) @ w_out)
-            x = x + mixed
+                slots.append(experts.slot_view(slot))
+            # The k experts as one batch: a copy of their slots, then two batched products.
+            w = torch.stack(slots).view(torch.float32)
+            w_in = w[:, : s.hidden * s.expert_hidden].view(-1, s.hidden, s.expert_hidden)
+            w_out = w[:, s.hidden * s.expert_hidden:].view(-1, s.expert_hidden, s.hidden)
+            hidden = torch.relu(torch.matmul(x, w_in))
+            x = x + gates @ torch.bmm(hidden.unsqueeze(1), w_out).squeeze(1)
             x = x * (math.sqrt(s.hidden) / (x.norm() + 1e-6))
         # Only ordinary pieces are generated: specials would end or garble the text.
         token = int(torch.argmax(x @ self.wout[:, : s.output_vocab]))

@@ -6,10 +6,15 @@ for the pool's whole life, so page tables and slot maps stay valid while chunks 
 
 `resize` is what makes a rung change cheap and safe: a shrink first moves the live content of
 the chunks it releases into free units of the chunks it keeps (hot experts, live KV pages,
-running requests' states), then frees those chunks one at a time and hands the bytes back to the
-driver; a grow adds one chunk at a time. So a KV-to-experts conversion never holds more than the
-start total plus one chunk, and the pools keep serving in between: `resize_steps` does one chunk
-operation per `next()` and the other methods may run between steps. `reallocate` is the other
+running requests' states), then frees those chunks one at a time; a grow adds one chunk at a
+time. A freed chunk goes back to torch's caching allocator, not the driver: the next chunk of
+the same rebuild reuses it without a device sync, and when a differently sized request cannot,
+torch releases its cache and retries before it reports an OOM, so caching never turns a fitting
+step into a failing one. The pools' owner hands the cache back to the driver
+(`DeviceMemory.release_to_driver`) once the whole resize is over. So a KV-to-experts
+conversion never holds more than the start total plus one chunk, and the pools keep serving in
+between: `resize_steps` does one chunk operation per `next()` and the other methods may run
+between steps. `reallocate` is the other
 execution model, ft serve's: drop everything, then allocate the new size, contents lost.
 
 Like ft serve, the KV pool keeps one dummy page (unit 0, never handed out; a padding target)
@@ -228,6 +233,18 @@ class _ChunkedPool:
             self._busy = False
         return events
 
+    def close(self) -> None:
+        """Drop every chunk and its content; the pool holds nothing and must not be used again."""
+        if self._busy:
+            raise RuntimeError(f"{self.name}: cannot close during a resize")
+        self._forget_all()
+        self._used.clear()
+        self._free, self._reserve, self._limit = [], [], 0
+        if self._retired is not None:
+            self._free_retired()
+        for _ in self._release_all():
+            pass
+
     def _resize_steps(self, new_units: int) -> Generator[ChunkEvent, None, None]:
         # Checked again: the pool may have changed between the call and the first step.
         self._check_size(new_units)
@@ -258,13 +275,12 @@ class _ChunkedPool:
     def _release(self, holder: list[torch.Tensor]) -> int:
         """Free the tensor popped from `holder`, whose frame then holds its last reference.
 
-        The reference must be gone before `release_to_driver`, or torch keeps the block.
+        The reference must be gone by the owner's `release_to_driver`, or torch keeps the block.
         """
         tensor = holder.pop()
         nbytes = tensor.numel()
         self._memory.free(tensor)
         del tensor
-        self._memory.release_to_driver()
         return nbytes
 
     def _add_units(self, count: int) -> None:
@@ -544,6 +560,43 @@ class PagedKVPool(_ChunkedPool):
 
     def page_view(self, page: int) -> torch.Tensor:
         return self._unit(page)
+
+    def gather_pages(self, pages: list[int]) -> torch.Tensor:
+        """A copy of the pages' bytes in table order, as one `[len(pages), page_bytes]` tensor.
+
+        One slice per run of consecutive pages (tables are mostly such runs: pages are handed
+        out lowest first), so a long context costs a few copies, not one view per page.
+        """
+        runs = [rows for _, rows in self._page_runs(pages)]
+        if not runs:
+            raise ValueError("kv: gather_pages needs at least one page")
+        return torch.cat(runs)
+
+    def write_pages(self, pages: list[int], data: torch.Tensor) -> None:
+        """Copy `data` (`[len(pages), page_bytes]` uint8) into the pages, in table order."""
+        if tuple(data.shape) != (len(pages), self.unit_bytes) or data.dtype != torch.uint8:
+            raise ValueError(f"kv: write_pages needs uint8 [{len(pages)}, {self.unit_bytes}], "
+                             f"got {data.dtype} {list(data.shape)}")
+        for start, rows in self._page_runs(pages):
+            rows.copy_(data[start : start + len(rows)])
+
+    def _page_runs(self, pages: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+        """(index in `pages`, rows view) for each run of consecutive pages inside one chunk."""
+        upc = self.units_per_chunk
+        start = 0
+        while start < len(pages):
+            first = pages[start]
+            chunk, offset = divmod(first, upc)
+            end = start + 1
+            while (end < len(pages) and pages[end] == first + end - start
+                   and offset + end - start < upc):
+                end += 1
+            if first < 0 or pages[end - 1] >= self._physical:
+                raise IndexError(f"kv: pages {first}..{pages[end - 1]} outside "
+                                 f"0..{self._physical - 1}")
+            rows = self._chunks[chunk].view(-1, self.unit_bytes)
+            yield start, rows[offset : offset + end - start]
+            start = end
 
     def _shrink_rejection(self, new_units: int) -> str | None:
         if len(self._used) > new_units:

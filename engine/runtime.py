@@ -24,7 +24,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -116,7 +116,7 @@ class _RebuildJob:
     request_id: str
     start: Geometry
     target: Geometry
-    ops: Iterator[Any]
+    ops: Generator[Any, None, None]
     done: asyncio.Future[tuple[int, dict[str, Any]]]
     started_s: float
 
@@ -134,7 +134,8 @@ class ReferenceEngine:
     """Real torch pools behind ft serve's control semantics (see module docstring)."""
 
     def __init__(self, config: EngineConfig, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 model: TinyMoE | None = None) -> None:
         self.config = config
         self.clock = clock
         self.instance_id = str(uuid.uuid4())
@@ -146,7 +147,11 @@ class ReferenceEngine:
             enable_expandable_segments()
         spec = config.model
         self.tokenizer = Tokenizer(spec.output_vocab)
-        self.model = TinyMoE(spec, self.device)
+        if model is not None and (model.spec != spec or model.device != self.device):
+            raise ValueError("model: a prebuilt TinyMoE must match config.model and the device")
+        # A benchmark that builds engine after engine passes one model: building the host
+        # expert bank (GiBs, pinned) dominates an engine's start, and the weights are the same.
+        self.model = model if model is not None else TinyMoE(spec, self.device)
         self.weights_bytes = spec.dense_weight_bytes
         assert self.weights_bytes == sum(t.numel() * t.element_size()
                                          for t in self.model.dense_weights())
@@ -218,6 +223,20 @@ class ReferenceEngine:
             self._task = None
         for run in list(self.running.values()) + list(self.waiting):
             run.tokens.put_nowait(None)
+        self.running.clear()
+        self.waiting.clear()
+        # The pools go now, not when the last reference to the engine does: a client task or
+        # a traceback that outlives the engine must not keep GiBs of device memory.
+        job, self.rebuild_job = self.rebuild_job, None
+        if job is not None:
+            job.ops.close()  # the pool being resized settles (its `finally`)
+            if not job.done.done():
+                job.done.set_result((503, {"status": "failed", "request_id": job.request_id,
+                                           "error": "engine closed during the rebuild"}))
+        for pool in self._pools().values():
+            pool.close()
+        self.memory.release_to_driver()
+        self.state = "stopping"
         if self.filler is not None:
             self.filler.release()
 
@@ -512,12 +531,13 @@ class ReferenceEngine:
     def _size(g: Geometry, pool: str) -> int:
         return {"moe": g.moe_cache_size, "kv": g.num_pages, "mamba": g.num_mamba_slots}[pool]
 
-    def _ops(self, live: Geometry, target: Geometry, request: RebuildRequest) -> Iterator[Any]:
+    def _ops(self, live: Geometry, target: Geometry,
+             request: RebuildRequest) -> Generator[Any, None, None]:
         if self.config.rebuild_mode == "freetoken":
             return self._freetoken_ops(live, target)
         return self._incremental_ops(live, target)
 
-    def _incremental_ops(self, live: Geometry, target: Geometry) -> Iterator[Any]:
+    def _incremental_ops(self, live: Geometry, target: Geometry) -> Generator[Any, None, None]:
         pools = self._pools()
         changed = [p for p in ("moe", "kv", "mamba")
                    if self._size(live, p) != self._size(target, p)]
@@ -525,7 +545,7 @@ class ReferenceEngine:
         for pool in shrinks + [p for p in changed if p not in shrinks]:
             yield from pools[pool].resize_steps(self._size(target, pool))
 
-    def _freetoken_ops(self, live: Geometry, target: Geometry) -> Iterator[Any]:
+    def _freetoken_ops(self, live: Geometry, target: Geometry) -> Generator[Any, None, None]:
         # One blocking call, as ft serve's scheduler runs it: nothing interleaves.
         pools = self._pools()
         touched: list[str] = []
@@ -588,6 +608,8 @@ class ReferenceEngine:
     def _complete(self, job: _RebuildJob, status: str, error: str | None, http_status: int,
                   *, latch: bool = False) -> None:
         self.rebuild_job = None
+        # The pools left freed chunks in torch's cache for the rebuild's next steps (pools.py).
+        self.memory.release_to_driver()
         self.state = "failed" if latch else "serving"
         result = self._finish(job.request_id, status, error, http_status)
         self._emit("rebuild_finished", (job, status, self.clock() - job.started_s))

@@ -294,6 +294,53 @@ def test_chunked_conversion_fits_where_freetoken_order_ooms() -> None:
     model.touch_expert(0, 0)
 
 
+def test_gather_and_write_pages_follow_the_table_across_chunks() -> None:
+    memory = DeviceMemory("cpu")
+    kv = _kv(memory, 40)  # 16 pages a chunk: the table below crosses two chunk boundaries
+    kv.allocate_pages("x", 3)
+    pages = kv.allocate_pages("a", 30)
+    kv.free_request("x")
+    pages += kv.allocate_pages("a", 2)  # pages 1-3 again: the table is no longer one run
+    assert kv.page_table("a") == pages
+    data = torch.randint(0, 256, (len(pages), PAGE_BYTES), dtype=torch.uint8)
+    kv.write_pages(pages, data)
+    for row, page in enumerate(pages):
+        assert torch.equal(kv.page_view(page), data[row])
+    assert torch.equal(kv.gather_pages(pages), data)
+    assert torch.equal(kv.gather_pages(pages[5:9][::-1]), data[5:9].flip(0))
+    gathered = kv.gather_pages(pages)
+    gathered.zero_()  # a copy: the pool is untouched
+    assert torch.equal(kv.gather_pages(pages), data)
+
+
+def test_gather_and_write_pages_reject_bad_input() -> None:
+    kv = _kv(DeviceMemory("cpu"), 8)
+    with pytest.raises(ValueError, match="at least one page"):
+        kv.gather_pages([])
+    with pytest.raises(IndexError, match="outside"):
+        kv.gather_pages([7, 8, 9])
+    with pytest.raises(ValueError, match=r"uint8 \[2, 64\]"):
+        kv.write_pages([1, 2], torch.zeros(2, PAGE_BYTES, dtype=torch.float32))
+
+
+def test_close_frees_every_byte_and_forgets_content() -> None:
+    memory = DeviceMemory("cpu")
+    kv, experts, states = _kv(memory, 20), _experts(memory, 8), _states(memory, 3)
+    kv.allocate_pages("a", 5)
+    experts.admit(0, 1, _bank()[0, 1])
+    states.acquire("a")
+    steps = kv.resize_steps(8)  # a resize in progress: close must wait for it
+    next(steps)
+    with pytest.raises(RuntimeError, match="during a resize"):
+        kv.close()
+    steps.close()
+    for pool in (kv, experts, states):
+        pool.close()
+        assert pool.nbytes == 0
+    assert memory.allocated_bytes == 0
+    assert experts.resident_count == 0 and kv.used_pages == 0 and states.used_slots == 0
+
+
 def test_reallocate_drops_all_content() -> None:
     memory = DeviceMemory()
     kv, experts, states = _kv(memory, 20), _experts(memory, 4), _states(memory, 3)

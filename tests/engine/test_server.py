@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -295,6 +296,42 @@ async def test_accounting_matches_torch(serve: Any) -> None:
         assert engine.memory.allocated_bytes == model.total_bytes(engine.geometry())
     status = await (await client.get("/v1/cache/status")).json()
     assert status["engine"]["allocated_bytes"] == engine.storage_bytes()
+
+
+async def test_close_mid_rebuild_frees_every_pool_byte(serve: Any) -> None:
+    engine, client = await serve(small_config(chunk_bytes=16 << 10))
+    gen = asyncio.create_task(complete(client, words(10), 400))
+    while not engine.running:
+        await asyncio.sleep(0.001)
+    rebuild = asyncio.create_task(client.post("/v1/cache/rebuild",
+                                              json={"moe_cache_size": 64, "num_pages": 40}))
+    while not engine.chunk_pauses:
+        await asyncio.sleep(0.001)
+    await engine.close()
+    # A traceback or a client task may outlive the engine; its device memory must not.
+    assert engine.memory.allocated_bytes == 0
+    assert engine.storage_bytes() == 0
+    resp = await rebuild
+    assert resp.status == 503
+    assert "closed during the rebuild" in (await resp.json())["error"]
+    gen.cancel()
+
+
+async def test_a_prebuilt_model_is_reused_and_must_match() -> None:
+    config = small_config()
+    first = ReferenceEngine(config)
+    second = ReferenceEngine(config, model=first.model)
+    assert second.model is first.model
+    prompt = list(range(5, 40))
+    outputs = []
+    for engine in (first, second):
+        await engine.start()
+        outputs.append([t async for t in engine.generate(prompt, 12, seed=3)])
+        await engine.close()
+    assert outputs[0] == outputs[1]
+    other = replace(config, model=replace(config.model, num_layers=2))
+    with pytest.raises(ValueError, match=r"must match config\.model"):
+        ReferenceEngine(other, model=first.model)
 
 
 async def test_metrics_endpoint(serve: Any) -> None:
