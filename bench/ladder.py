@@ -353,12 +353,13 @@ def _policy(arm: str, opts: BenchOptions) -> tuple[str, dict[str, Any]]:
     if arm == "grow-only":
         return f"{__name__}:GrowOnly", {"start_rung": 0}
     if arm == "headroom":
-        return "headroom", {"growth_tokens": growth, "dwell_s": opts.seconds(300.0)}
+        # module:attr works whether or not the package's entry points are installed.
+        return "policies.headroom:Headroom", {"growth_tokens": growth, "dwell_s": opts.seconds(300.0)}
     if arm == "throughput":
-        return "throughput", {"growth_tokens": growth, "min_measured_s": opts.seconds(30.0),
+        return "policies.throughput:Throughput", {"growth_tokens": growth, "min_measured_s": opts.seconds(30.0),
                               "max_stay_s": opts.seconds(900.0)}
     if arm == "pinned-0":
-        return "pinned", {"rung": 0}
+        return "policies.pinned:Pinned", {"rung": 0}
     raise ValueError(f"{arm} runs without a daemon")
 
 
