@@ -354,10 +354,12 @@ def _policy(arm: str, opts: BenchOptions) -> tuple[str, dict[str, Any]]:
         return f"{__name__}:GrowOnly", {"start_rung": 0}
     if arm == "headroom":
         # module:attr works whether or not the package's entry points are installed.
-        return "policies.headroom:Headroom", {"growth_tokens": growth, "dwell_s": opts.seconds(300.0)}
+        return "policies.headroom:Headroom", {"growth_tokens": growth,
+                                              "dwell_s": opts.seconds(300.0)}
     if arm == "throughput":
-        return "policies.throughput:Throughput", {"growth_tokens": growth, "min_measured_s": opts.seconds(30.0),
-                              "max_stay_s": opts.seconds(900.0)}
+        return "policies.throughput:Throughput", {
+            "growth_tokens": growth, "min_measured_s": opts.seconds(30.0),
+            "max_stay_s": opts.seconds(900.0)}
     if arm == "pinned-0":
         return "policies.pinned:Pinned", {"rung": 0}
     raise ValueError(f"{arm} runs without a daemon")
@@ -782,6 +784,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="torch threads (default 1 on cpu, torch's own on cuda)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    from ladder.logs import configure
+
+    configure("text", "warning")  # the daemons' warnings with their fields (the error text)
     kinds = ["mixed", "agentic", "chat"] if args.trace == "all" else args.trace.split(",")
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     for bad in [k for k in kinds if k not in ("mixed", "agentic", "chat")] + [

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from engine.metrics import EngineMetrics
 from engine.runtime import AdmissionError, ReferenceEngine
 
-__all__ = ["ENGINE_KEY", "make_app", "serve"]
+__all__ = ["ENGINE_KEY", "MAX_BODY_BYTES", "make_app", "serve"]
 
 ENGINE_KEY = web.AppKey("engine", ReferenceEngine)
 METRICS_KEY = web.AppKey("metrics", EngineMetrics)
@@ -209,9 +209,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await _generation(request, "generate")
 
 
+# A 262k-token context at up to 64 bytes of JSON per token, with room to spare.
+MAX_BODY_BYTES = 32 << 20
+
+
 def make_app(engine: ReferenceEngine, *, api_key: str | None = None) -> web.Application:
     """The aiohttp application; the engine's scheduler starts and stops with it."""
-    app = web.Application(middlewares=[_auth_middleware(api_key)] if api_key else [])
+    # aiohttp's 1 MiB default refuses a 200k-token prompt (~1.2 MB of text) with 413.
+    app = web.Application(middlewares=[_auth_middleware(api_key)] if api_key else [],
+                          client_max_size=MAX_BODY_BYTES)
     app[ENGINE_KEY] = engine
     app[METRICS_KEY] = EngineMetrics(engine)
 

@@ -4,6 +4,7 @@ content-keeping resizes while decoding, exact accounting, and the report's two t
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -240,6 +241,17 @@ async def test_context_limit_follows_kv_and_max_tokens_is_clipped(serve: Any) ->
     assert (await resp.json())["error"]["code"] == "context_length_exceeded"
     body = await complete(client, words(100), 500)
     assert body["usage"]["completion_tokens"] == 128 - 100  # clipped, as ft serve does
+
+
+async def test_long_prompt_bodies_are_read_not_refused_413(serve: Any) -> None:
+    _, client = await serve(small_config())
+    prompt = words(300_000)  # ~2 MB: a 200k-token agentic context is about 1.2 MB
+    assert len(prompt) > 1 << 20
+    body = io.BytesIO(json.dumps({"prompt": prompt, "max_tokens": 4}).encode())
+    resp = await client.post("/v1/completions", data=body,
+                             headers={"Content-Type": "application/json"})
+    assert resp.status == 400  # read and tokenized: too long for this context, not too big
+    assert (await resp.json())["error"]["code"] == "context_length_exceeded"
 
 
 # ---- content-keeping resizes ------------------------------------------------------------
