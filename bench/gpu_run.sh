@@ -32,8 +32,9 @@ export PYTHONPATH=.:/tmp/site
   nproc; free -g | head -2
 } > "$OUT/env.txt" 2>&1
 
-# Arms in the order the targets need them, so a step cut short keeps the comparisons that count.
-ARMS=static-full,grow-only,headroom,oracle,throughput,pinned-0,static-short
+# Arms in the order the targets need them, so a step cut short keeps the comparisons that count;
+# ARMS=a,b,... overrides it (one device call holds about five arms of a full trace).
+ARMS=${ARMS:-static-full,grow-only,headroom,oracle,throughput,pinned-0,static-short}
 EXPANDABLE=expandable_segments:True
 
 step() {  # step NAME SECONDS: run one named step, bounded
@@ -41,27 +42,27 @@ step() {  # step NAME SECONDS: run one named step, bounded
   t0=$(date +%s)
   case $name in
     pytest_gpu)
-      timeout "$limit" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider -rA \
+      timeout -k 10 "$limit" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider -rA \
         > "$OUT/pytest-gpu.log" 2>&1 ;;
     gpu_alloc)
-      timeout "$limit" python3 bench/gpu_alloc.py --out "$OUT/gpu_alloc.json" \
+      timeout -k 10 "$limit" python3 bench/gpu_alloc.py --out "$OUT/gpu_alloc.json" \
         > "$OUT/gpu_alloc.log" 2>&1 ;;
     transition)
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/transition_bench.py \
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/transition_bench.py \
         --device cuda --alloc-conf expandable --out "$OUT/transition.json" \
         > "$OUT/transition.log" 2>&1 ;;
     transitions)
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/transitions.py \
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/transitions.py \
         --mode engine --device cuda --out "$OUT/transitions.json" \
         > "$OUT/transitions.log" 2>&1 ;;
     ladder_agentic|ladder_mixed)
       local trace=${name#ladder_}
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/ladder.py \
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/ladder.py \
         --device cuda --trace "$trace" --output-scale 8 --arms "$ARMS" \
         --out "$OUT/ladder-$trace.json" --plot "$OUT/ladder-$trace.png" \
         > "$OUT/ladder-$trace.log" 2>&1 ;;
     ladder_smoke)
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout "$limit" python3 bench/ladder.py \
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/ladder.py \
         --device cuda --trace agentic --requests 4 --output-scale 8 \
         --arms static-full,headroom,oracle --out "$OUT/ladder-smoke.json" \
         > "$OUT/ladder-smoke.log" 2>&1 ;;
