@@ -8,7 +8,8 @@
 #   transition      bench/transition_bench.py: a 3 GiB KV -> experts conversion at 99 % fill
 #                   while decoding, incremental vs freetoken (16 GiB emulated card)
 #   transitions     bench/transitions.py --mode engine: sampled rung pairs of the four
-#                   geometries, real OOMs and torch peaks (16 GiB emulated card)
+#                   geometries (GEOMETRIES="a b" picks), real OOMs and torch peaks
+#                   (16 GiB emulated card)
 #   ladder_agentic  bench/ladder.py on the agentic trace, every arm (JSON + PNG)
 #   ladder_mixed    the same on the mixed trace
 #   ladder_smoke    4 agentic requests, 3 arms: the CUDA path works, and how fast it decodes
@@ -20,9 +21,9 @@ OUT=${1:?usage: gpu_run.sh OUT STEP[:SECONDS] ...}
 shift
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .whl_gpu/*.whl >/dev/null 2>&1; then
+if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl_gpu/*.whl
+    --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=.:/tmp/site
 {
@@ -35,6 +36,8 @@ export PYTHONPATH=.:/tmp/site
 # Arms in the order the targets need them, so a step cut short keeps the comparisons that count;
 # ARMS=a,b,... overrides it (one device call holds about five arms of a full trace).
 ARMS=${ARMS:-static-full,grow-only,headroom,oracle,throughput,pinned-0,static-short}
+GEOMETRIES=${GEOMETRIES:-rtx5080-report-16gb qwen38-flash-next-rtx5090-32gb \
+  qwen38-flash-next-rtx6000ada-48gb gemma-4-26b-a4b-like-rtx4080super-16gb}
 EXPANDABLE=expandable_segments:True
 
 step() {  # step NAME SECONDS: run one named step, bounded
@@ -52,8 +55,10 @@ step() {  # step NAME SECONDS: run one named step, bounded
         --device cuda --alloc-conf expandable --out "$OUT/transition.json" \
         > "$OUT/transition.log" 2>&1 ;;
     transitions)
+      # shellcheck disable=SC2046  # one --geometry flag per word
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/transitions.py \
-        --mode engine --device cuda --out "$OUT/transitions.json" \
+        --mode engine --device cuda $(printf -- '--geometry %s ' $GEOMETRIES) \
+        --out "$OUT/transitions.json" \
         > "$OUT/transitions.log" 2>&1 ;;
     ladder_agentic|ladder_mixed)
       local trace=${name#ladder_}
@@ -73,7 +78,7 @@ step() {  # step NAME SECONDS: run one named step, bounded
   echo "step $name rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$OUT/env.txt"
 }
 
-declare -A DEFAULT_S=([pytest_gpu]=90 [gpu_alloc]=200 [transition]=220 [transitions]=200
+declare -A DEFAULT_S=([pytest_gpu]=90 [gpu_alloc]=200 [transition]=220 [transitions]=300
                       [ladder_agentic]=560 [ladder_mixed]=560 [ladder_smoke]=120)
 for spec in "$@"; do
   name=${spec%%:*}

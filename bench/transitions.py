@@ -34,7 +34,8 @@ Modes (both print ONE JSON object; `--out FILE` writes it too):
   fill, and for each sampled pair: (a) the single call in `freetoken` mode, (b) moe-ladder's
   plan through `ladder.executor.apply_target`, also in `freetoken` mode, (c) the single call in
   `incremental` mode. On CPU `DeviceMemory` caps the pools at budget + headroom; on CUDA the
-  engine's driver filler makes the GPU a 16 GiB card, a stand-in for the model's weights is
+  engine's driver filler makes the GPU a 16 GiB card (larger when a scaled geometry's pools
+  need it; `--card-gib` sets it), a stand-in for the model's weights is
   allocated first so that what is left for the pools is the scaled budget + headroom, and the
   OOMs are the driver's. Real peaks: `engine.memory.peak_bytes` (exact pool bytes) and, on
   CUDA, `torch.cuda.max_memory_allocated()` minus the bytes allocated before the transition.
@@ -620,13 +621,20 @@ async def run_one(scaled: ScaledGeometry, start: Geometry, target: Geometry, *, 
 RUNS = (("single", "freetoken"), ("plan", "freetoken"), ("single", "incremental"))
 
 
+def default_card_bytes(capacity_bytes: int) -> int:
+    """16 GiB, or the whole GiBs that hold the pools plus 2 GiB for the model and the CUDA
+    context: the stand-in fills the rest, so only the pools' room (budget + headroom) counts."""
+    return max(16 * GIB, -(-(capacity_bytes + 2 * GIB) // GIB) * GIB)
+
+
 async def run_engine_mode(geo: BenchGeometry, sizes: EngineSizes, *, device: str,
-                          card_bytes: int, pair_sample: int | None,
+                          card_bytes: int | None, pair_sample: int | None,
                           pairs: Sequence[tuple[int, int]] | None = None) -> dict[str, Any]:
     scaled = scale_geometry(geo, sizes)
     status, ladder = engine_ladder(scaled)
     chosen = list(pairs) if pairs is not None else sample_pairs(ladder, pair_sample)
     capacity = scaled.budget_bytes + scaled.headroom_bytes
+    card_bytes = default_card_bytes(capacity) if card_bytes is None else card_bytes
     import torch
 
     from engine.decoder import TinyMoE
@@ -705,7 +713,8 @@ def main(argv: Iterable[str] | None = None,
     parser.add_argument("--pair-sample", type=int, default=4,
                         help="rungs sampled for engine mode (all ordered pairs among them); "
                              "0 = every rung")
-    parser.add_argument("--card-gib", type=float, default=16.0, help="emulated card (cuda)")
+    parser.add_argument("--card-gib", type=float, default=None,
+                        help="emulated card (cuda); default 16, more if the pools need it")
     parser.add_argument("--pairs", action="store_true", help="include every pair in plan mode")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -723,7 +732,8 @@ def main(argv: Iterable[str] | None = None,
         names = args.geometry or ["rtx5080-report-16gb"]
         sizes = SIZES[args.sizes or ("ci" if args.device == "cpu" else "cuda")]
         out["engine"] = [asyncio.run(run_engine_mode(
-            geo, sizes, device=args.device, card_bytes=int(args.card_gib * GIB),
+            geo, sizes, device=args.device,
+            card_bytes=None if args.card_gib is None else int(args.card_gib * GIB),
             pair_sample=args.pair_sample or None)) for geo in load_geometries(names)]
     out["seconds"] = round(time.perf_counter() - started, 3)
     text = json.dumps(out, indent=1)

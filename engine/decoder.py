@@ -113,17 +113,17 @@ class TinyMoE:
             return (torch.randn(*shape, generator=gen) * scale).to(device)
 
         self.embed = weight(spec.vocab_size, h, scale=1.0)
-        self.wq = weight(n_layers, h, d, scale=1 / math.sqrt(h))
-        self.wk = weight(n_layers, h, d, scale=1 / math.sqrt(h))
-        self.wv = weight(n_layers, h, d, scale=1 / math.sqrt(h))
+        # Projections that read the same input are one matrix, so a layer costs fewer
+        # launches: [q | k | v] and the state's [k | v | q]. Constant factors (attention's
+        # 1/sqrt(d), the state readout's 1/d) are folded into the weights.
+        self.wqkv = weight(n_layers, h, 3 * d, scale=1 / math.sqrt(h))
+        self.wqkv[:, :, :d] /= math.sqrt(d)
         self.wo = weight(n_layers, d, h, scale=1 / math.sqrt(d))
         self.wgate = weight(n_layers, h, spec.num_experts, scale=1 / math.sqrt(h))
         self.wout = weight(h, spec.vocab_size, scale=1 / math.sqrt(h))
         sd = spec.state_heads * d
-        self.ws_k = weight(n_layers, h, sd, scale=1 / math.sqrt(h))
-        self.ws_v = weight(n_layers, h, sd, scale=1 / math.sqrt(h))
-        self.ws_q = weight(n_layers, h, sd, scale=1 / math.sqrt(h))
-        self.ws_o = weight(n_layers, sd, h, scale=1 / math.sqrt(sd))
+        self.ws_kvq = weight(n_layers, h, 3 * sd, scale=1 / math.sqrt(h))
+        self.ws_o = weight(n_layers, sd, h, scale=1 / (math.sqrt(sd) * d))
         bank = torch.randn(n_layers, spec.num_experts, spec.expert_bytes // _FLOAT_BYTES,
                            generator=gen) * (1 / math.sqrt(h))
         # Pinned host memory makes a miss a DMA at PCIe speed instead of a pageable copy (~7x).
@@ -134,8 +134,7 @@ class TinyMoE:
 
     def dense_weights(self) -> tuple[torch.Tensor, ...]:
         """Every tensor the model keeps on the device outside the pools."""
-        return (self.embed, self.wq, self.wk, self.wv, self.wo, self.wgate, self.wout,
-                self.ws_k, self.ws_v, self.ws_q, self.ws_o)
+        return (self.embed, self.wqkv, self.wo, self.wgate, self.wout, self.ws_kvq, self.ws_o)
 
     def new_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                     seed: int) -> DecodeRequest:
@@ -160,8 +159,9 @@ class TinyMoE:
             x = self.embed[torch.tensor(ids, device=self.device)]
             block = torch.zeros(s.num_layers, 2, n_pages * s.page_size, s.head_dim,
                                 device=self.device)
-            block[:, 0, : len(ids)] = torch.einsum("th,lhd->ltd", x, self.wk)
-            block[:, 1, : len(ids)] = torch.einsum("th,lhd->ltd", x, self.wv)
+            d = s.head_dim
+            block[:, 0, : len(ids)] = torch.einsum("th,lhd->ltd", x, self.wqkv[:, :, d : 2 * d])
+            block[:, 1, : len(ids)] = torch.einsum("th,lhd->ltd", x, self.wqkv[:, :, 2 * d :])
             # [layer, k/v, page, token, dim] -> the pool's page layout [page, layer, k/v, ...].
             paged = block.view(s.num_layers, 2, n_pages, s.page_size, s.head_dim)
             first = start // s.page_size
@@ -174,41 +174,52 @@ class TinyMoE:
 
     def decode_step(self, req: DecodeRequest, kv: PagedKVPool, experts: ExpertSlotPool,
                     states: StatePool) -> int:
-        """One token: attention, state update and expert mixture in every layer."""
+        """One token: attention, state update and expert mixture in every layer.
+
+        Written for few kernel launches (about 20 a layer), because at batch size 1 a launch
+        costs more than the arithmetic it runs: the engine's fixed cost per token should be
+        a real engine's, not Python's, so that what a miss costs shows.
+        """
         s = self.spec
-        pos = req.position
+        d, sd, pos = s.head_dim, s.state_heads * s.head_dim, req.position
         pages = kv.page_table(req.request_id)
         n_pages = pos // s.page_size + 1
-        # One gather of the history per token (a private copy); each layer reads its slice.
-        history = kv.gather_pages(pages[:n_pages]).view(torch.float32).view(
-            n_pages, s.num_layers, 2, s.page_size, s.head_dim)
+        # One gather of the history a token, layer-major ([layer, k/v, token, dim]) so each
+        # layer's keys and values are contiguous rows: a private copy, into which this
+        # token's KV is put as well as into its page.
+        history = torch.cat([
+            rows.view(torch.float32).view(-1, s.num_layers, 2, s.page_size, d)
+            .permute(1, 2, 0, 3, 4) for _, rows in kv.page_runs(pages[:n_pages])
+        ], dim=2).view(s.num_layers, 2, n_pages * s.page_size, d)
         page = self._kv_page(kv, pages[pos // s.page_size])
         offset = pos % s.page_size
         state = states.slot_view(states.slot_of(req.request_id)).view(torch.float32).view(
-            s.num_layers, s.state_heads, s.head_dim, s.head_dim)
+            s.num_layers, s.state_heads, d, d)
         # One host-to-device copy of the token's routing: indexing a device tensor with a
         # Python list copies (and synchronises) once per layer.
         routing = req.routing.step()
         chosen_host = routing.tolist()
         choices = torch.from_numpy(routing).to(self.device)
-        x = self.embed[req.last_token].clone()
+        gate_weights = torch.gather(
+            self.wgate, 2, choices.unsqueeze(1).expand(-1, s.hidden, -1))
+        x = self.embed[req.last_token]
         for layer in range(s.num_layers):
-            q, k, v = x @ self.wq[layer], x @ self.wk[layer], x @ self.wv[layer]
-            page[layer, 0, offset] = k
-            page[layer, 1, offset] = v
-            # The history is a copy taken before this token's KV was written: put it in.
-            keys = history[:, layer, 0].reshape(-1, s.head_dim)[: pos + 1]
-            values = history[:, layer, 1].reshape(-1, s.head_dim)[: pos + 1]
-            keys[pos], values[pos] = k, v
-            attn = torch.softmax(keys @ q / math.sqrt(s.head_dim), dim=0)
-            x = x + (attn @ values) @ self.wo[layer]
-            # Linear-attention recurrence: S = 0.9 S + k^T v per head, read out by q.
-            sk = torch.tanh(x @ self.ws_k[layer]).view(s.state_heads, s.head_dim)
-            sv = (x @ self.ws_v[layer]).view(s.state_heads, s.head_dim)
-            sq = (x @ self.ws_q[layer]).view(s.state_heads, 1, s.head_dim)
-            state[layer].mul_(0.9).add_(0.1 * sk.unsqueeze(2) * sv.unsqueeze(1))
-            x = x + (sq @ state[layer]).reshape(-1) @ self.ws_o[layer] / s.head_dim
-            gates = torch.softmax(x @ self.wgate[layer].index_select(1, choices[layer]), dim=0)
+            qkv = x @ self.wqkv[layer]
+            new_kv = qkv[d:].view(2, d)
+            page[layer, :, offset] = new_kv
+            history[layer, :, pos] = new_kv
+            keys = history[layer, 0, : pos + 1]
+            values = history[layer, 1, : pos + 1]
+            attn = torch.softmax(torch.mv(keys, qkv[:d]), dim=0)
+            x = torch.addmv(x, self.wo[layer].t(), torch.mv(values.t(), attn))
+            # Linear-attention recurrence: S = 0.9 S + 0.1 k^T v per head, read out by q.
+            skvq = x @ self.ws_kvq[layer]
+            sk = torch.tanh(skvq[:sd]).view(s.state_heads, d, 1)
+            sv = skvq[sd : 2 * sd].view(s.state_heads, 1, d)
+            state[layer].baddbmm_(sk, sv, beta=0.9, alpha=0.1)
+            readout = torch.bmm(skvq[2 * sd :].view(s.state_heads, 1, d), state[layer])
+            x = torch.addmv(x, self.ws_o[layer].t(), readout.view(-1))
+            gates = torch.softmax(x @ gate_weights[layer], dim=0)
             slots = []
             for expert in chosen_host[layer]:
                 slot = experts.lookup(layer, expert)
@@ -219,9 +230,9 @@ class TinyMoE:
             w = torch.stack(slots).view(torch.float32)
             w_in = w[:, : s.hidden * s.expert_hidden].view(-1, s.hidden, s.expert_hidden)
             w_out = w[:, s.hidden * s.expert_hidden:].view(-1, s.expert_hidden, s.hidden)
-            hidden = torch.relu(torch.matmul(x, w_in))
-            x = x + gates @ torch.bmm(hidden.unsqueeze(1), w_out).squeeze(1)
-            x = x * (math.sqrt(s.hidden) / (x.norm() + 1e-6))
+            hidden = torch.bmm(x.expand(len(slots), 1, -1), w_in).relu_()
+            x = torch.addmv(x, torch.bmm(hidden, w_out).view(len(slots), -1).t(), gates)
+            x = torch.nn.functional.rms_norm(x, (s.hidden,), eps=1e-12)
         # Only ordinary pieces are generated: specials would end or garble the text.
         token = int(torch.argmax(x @ self.wout[:, : s.output_vocab]))
         req.position += 1

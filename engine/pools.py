@@ -567,7 +567,7 @@ class PagedKVPool(_ChunkedPool):
         One slice per run of consecutive pages (tables are mostly such runs: pages are handed
         out lowest first), so a long context costs a few copies, not one view per page.
         """
-        runs = [rows for _, rows in self._page_runs(pages)]
+        runs = [rows for _, rows in self.page_runs(pages)]
         if not runs:
             raise ValueError("kv: gather_pages needs at least one page")
         return torch.cat(runs)
@@ -577,26 +577,33 @@ class PagedKVPool(_ChunkedPool):
         if tuple(data.shape) != (len(pages), self.unit_bytes) or data.dtype != torch.uint8:
             raise ValueError(f"kv: write_pages needs uint8 [{len(pages)}, {self.unit_bytes}], "
                              f"got {data.dtype} {list(data.shape)}")
-        for start, rows in self._page_runs(pages):
+        for start, rows in self.page_runs(pages):
             rows.copy_(data[start : start + len(rows)])
 
-    def _page_runs(self, pages: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
-        """(index in `pages`, rows view) for each run of consecutive pages inside one chunk."""
+    def page_runs(self, pages: list[int]) -> list[tuple[int, torch.Tensor]]:
+        """(index in `pages`, rows view) for each run of consecutive pages inside one chunk.
+
+        A run is confirmed with one list comparison, not a Python loop over its pages: a
+        200k-token table is ~12k pages, and the decoder asks for its runs every token.
+        """
         upc = self.units_per_chunk
+        runs: list[tuple[int, torch.Tensor]] = []
         start = 0
         while start < len(pages):
             first = pages[start]
+            if not 0 <= first < self._physical:
+                raise IndexError(f"kv: page {first} outside 0..{self._physical - 1}")
             chunk, offset = divmod(first, upc)
-            end = start + 1
-            while (end < len(pages) and pages[end] == first + end - start
-                   and offset + end - start < upc):
-                end += 1
-            if first < 0 or pages[end - 1] >= self._physical:
-                raise IndexError(f"kv: pages {first}..{pages[end - 1]} outside "
-                                 f"0..{self._physical - 1}")
+            limit = min(len(pages), start + upc - offset, start + self._physical - first)
+            end = limit
+            if pages[start:limit] != list(range(first, first + limit - start)):
+                end = start + 1
+                while end < limit and pages[end] == first + end - start:
+                    end += 1
             rows = self._chunks[chunk].view(-1, self.unit_bytes)
-            yield start, rows[offset : offset + end - start]
+            runs.append((start, rows[offset : offset + end - start]))
             start = end
+        return runs
 
     def _shrink_rejection(self, new_units: int) -> str | None:
         if len(self._used) > new_units:

@@ -2,8 +2,12 @@
 
 A request must never fail or wait forever because the rung is too small (FreeToken issue 111:
 a 200k prompt "queued forever with no error"), while every reserved but unused KV token is an
-expert slot lost (reference-numbers.md §5). So the policy reserves the live demand plus a margin
-and the growth of one agentic turn (~4-6k tokens, §7), steps up at once, and steps down only
+expert slot lost (reference-numbers.md §5). So the policy reserves the live demand plus the
+growth of one agentic turn (~4-6k tokens, §7): §5's `R = next_rung(live + expected_growth)`.
+No proportional margin by default: the ladder's rounding up to the next rung already leaves
+up to (ratio - 1) of the demand spare, and on the H200 bench a 25 % margin on top of it sent
+143k-token agentic turns to the 128-slot floor rung (226k) instead of the 186k rung with 593
+slots; `margin` remains an option. It steps up at once, and steps down only
 once the lower rung has held demand for a whole stabilization window: HPA's scale-down
 stabilization (conventions.md §8), where the target while shrinking is the highest
 recommendation over the last `dwell_s`.
@@ -75,7 +79,7 @@ class DemandRule:
     """How many KV tokens to reserve: `max(live, pending) * (1 + margin) + growth_tokens`,
     never less than live + pending (`floor_tokens`)."""
 
-    margin: float = 0.25
+    margin: float = 0.0
     growth_tokens: int = 8192
 
     def tokens(self, observation: Observation) -> int:
@@ -160,15 +164,15 @@ def demand_step(policy: str, rule: DemandRule, history: DemandHistory, observati
     return now, on, needed, demand
 
 class Headroom:
-    """The lowest rung that holds demand with margin; up at once, down after `dwell_s`.
+    """The lowest rung that holds demand plus growth; up at once, down after `dwell_s`.
 
-    Options: `margin` (fraction, default 0.25), `growth_tokens` (default 8192; lower it for
+    Options: `margin` (fraction, default 0), `growth_tokens` (default 8192; lower it for
     chat-only servers whose contexts stay under 4k), `dwell_s` (default 300).
     """
 
     name = "headroom"
 
-    def __init__(self, *, margin: float = 0.25, growth_tokens: int = 8192,
+    def __init__(self, *, margin: float = 0.0, growth_tokens: int = 8192,
                  dwell_s: float = 300.0, **unknown: Any) -> None:
         check_options(self.name, unknown, ("margin", "growth_tokens", "dwell_s"))
         self.rule = DemandRule(number_option(self.name, "margin", margin),

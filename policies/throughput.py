@@ -90,7 +90,7 @@ class Throughput:
 
     name = "throughput"
 
-    def __init__(self, *, margin: float = 0.25, growth_tokens: int = 8192,
+    def __init__(self, *, margin: float = 0.0, growth_tokens: int = 8192,
                  payback_factor: float = 2.0, min_measured_s: float = 30.0,
                  max_stay_s: float = 900.0, prior_slot_exponent: float = 0.75,
                  **unknown: Any) -> None:

@@ -102,3 +102,10 @@ def test_command_line_prints_one_json_object(bench: ModuleType, tmp_path: Path) 
                 "--out", str(target)], emit=printed.append)
     assert len(printed) == 1
     assert json.loads(printed[0]) == json.loads(target.read_text())
+
+
+def test_default_card_is_16_gib_unless_the_scaled_pools_need_more(bench: ModuleType) -> None:
+    gib = 1 << 30
+    assert bench.default_card_bytes(2 * gib) == 16 * gib
+    # gemma's scaled pools (~15.9 GiB) plus 2 GiB for the model and context: 18 GiB.
+    assert bench.default_card_bytes(int(15.9 * gib)) == 18 * gib

@@ -519,3 +519,15 @@ def test_cuda_chunked_conversion_on_an_emulated_card() -> None:
         assert torch.cuda.memory_allocated(device) - base == memory.allocated_bytes
     finally:
         filler.release()
+
+
+def test_page_runs_split_at_chunk_boundaries_and_at_breaks_in_the_table() -> None:
+    kv = _kv(DeviceMemory("cpu"), 40)  # 16 pages a chunk
+    pages = list(range(1, 21)) + [30, 31, 25]
+    runs = [(start, len(rows)) for start, rows in kv.page_runs(pages)]
+    # 1..15 end chunk 0, 16..20 then 30, 31 in chunk 1 (a break), 25 alone.
+    assert runs == [(0, 15), (15, 5), (20, 2), (22, 1)]
+    for start, rows in kv.page_runs(pages):
+        assert rows.data_ptr() == kv.page_view(pages[start]).data_ptr()
+    with pytest.raises(IndexError, match="page 41 outside"):
+        kv.page_runs([1, 41])

@@ -72,7 +72,7 @@ starts = st.one_of(st.none(), st.integers(0, TOP))
 def test_reason_names_demand_margin_and_growth() -> None:
     d = Headroom().decide(obs(0.0, 70_000, 0, rung=0), LADDER)
     assert d.rung == needed_rung(DemandRule(), 70_000, 0)
-    assert "70,000 live" in d.reason and "25% margin" in d.reason and "8,192 growth" in d.reason
+    assert "70,000 live" in d.reason and "0% margin" in d.reason and "8,192 growth" in d.reason
     assert d.reason.startswith("step up to rung")
 
 
