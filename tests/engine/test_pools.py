@@ -523,7 +523,7 @@ def test_cuda_chunked_conversion_on_an_emulated_card() -> None:
 
 def test_page_runs_split_at_chunk_boundaries_and_at_breaks_in_the_table() -> None:
     kv = _kv(DeviceMemory("cpu"), 40)  # 16 pages a chunk
-    pages = list(range(1, 21)) + [30, 31, 25]
+    pages = [*range(1, 21), 30, 31, 25]
     runs = [(start, len(rows)) for start, rows in kv.page_runs(pages)]
     # 1..15 end chunk 0, 16..20 then 30, 31 in chunk 1 (a break), 25 alone.
     assert runs == [(0, 15), (15, 5), (20, 2), (22, 1)]
