@@ -35,7 +35,10 @@ export PYTHONPATH=.:/tmp/site
 
 # Arms in the order the targets need them, so a step cut short keeps the comparisons that count;
 # ARMS=a,b,... overrides it (one device call holds about five arms of a full trace).
+# RESUME=DIR goes on from DIR/ladder-TRACE.json (an earlier call's file, carried in the tree):
+# its arms are kept and only the missing ones run.
 ARMS=${ARMS:-static-full,grow-only,headroom,oracle,throughput,pinned-0,static-short}
+RESUME=${RESUME:-}
 GEOMETRIES=${GEOMETRIES:-rtx5080-report-16gb qwen38-flash-next-rtx5090-32gb \
   qwen38-flash-next-rtx6000ada-48gb gemma-4-26b-a4b-like-rtx4080super-16gb}
 EXPANDABLE=expandable_segments:True
@@ -61,9 +64,11 @@ step() {  # step NAME SECONDS: run one named step, bounded
         --out "$OUT/transitions.json" \
         > "$OUT/transitions.log" 2>&1 ;;
     ladder_agentic|ladder_mixed)
-      local trace=${name#ladder_}
+      local trace=${name#ladder_} resume=()
+      [ -n "$RESUME" ] && [ -f "$RESUME/ladder-$trace.json" ] && \
+        resume=(--resume "$RESUME/ladder-$trace.json")
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/ladder.py \
-        --device cuda --trace "$trace" --output-scale 8 --arms "$ARMS" \
+        --device cuda --trace "$trace" --output-scale 8 --arms "$ARMS" "${resume[@]}" \
         --out "$OUT/ladder-$trace.json" --plot "$OUT/ladder-$trace.png" \
         > "$OUT/ladder-$trace.log" 2>&1 ;;
     ladder_smoke)

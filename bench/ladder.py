@@ -45,11 +45,16 @@ PCIe Gen5), KV 24 layers x 2 x 128 x fp32 = 24 KiB per token (Qwen3-Next bf16: 2
 32k tokens cost 384 slots (Qwen3-Next: ~455); cache budget 5.5 GiB (the report's RTX 5080 had
 4.8 GiB beside the real weights): ~2,700 slots (88 % of the 3,072 experts) at the 4k rung,
 ~2,050 at 64k, ~400 at 200k, the 128-slot floor at ~224k tokens, which holds the largest
-agentic request. Traces run at full size (`--scale 1`); the host expert bank is 6 GiB pinned
-and is rebuilt for every arm (~15-20 s each). One trace per command keeps it under 10 minutes:
+agentic request. Traces run at full size (`--scale 1`); the host expert bank is 6 GiB pinned,
+built once for all arms. A miss's layer waits for its copy (`engine.decoder`), and the run
+reports what a miss cost in decode (`miss_cost`, a fit over the arms) beside one expert's
+copy alone (`expert_copy_us`). A trace whose arms outlast one 10-minute device call goes on
+in the next with `--resume`, which keeps the arms already measured:
 
     python bench/ladder.py --device cuda --trace agentic --output-scale 8
         --out bench/results/ladder-h200-agentic.json (add --plot FILE.png for the plots)
+    python bench/ladder.py --device cuda --trace agentic --output-scale 8
+        --resume bench/results/ladder-h200-agentic.json
 
 The targets (moe-ladder >= 1.3x static-full, >= 1.1x grow-only, >= 0.95x oracle, 0 refused
 and 0 truncated) are checked in the JSON's `targets` block; they are meant for that run, not
@@ -609,11 +614,17 @@ def _targets(arms: dict[str, dict[str, Any]],
 
 
 async def run_bench(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOptions,
-                    on_arm: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                    on_arm: Callable[[dict[str, Any]], None] | None = None,
+                    previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every arm of `opts.arms` on `trace` (already scaled): the run's JSON object.
 
     `on_arm` gets the object so far after each arm, so a run cut short keeps what it measured.
+    `previous` is an earlier run's object for the same trace: its arms are kept, not run again,
+    and the ratios are taken over the union.
     """
+    if previous is not None and previous["requests"] != len(trace):
+        raise ValueError(f"bench/ladder: the run to resume has {previous['requests']} "
+                         f"{trace_kind} requests, this trace {len(trace)}")
     config = gpu_engine_config() if opts.device.startswith("cuda") else cpu_engine_config()
     if opts.device.startswith("cuda"):
         config = replace(config, device=opts.device)
@@ -623,14 +634,14 @@ async def run_bench(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchO
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     try:
-        return await _run_arms(trace_kind, trace, opts, config, on_arm)
+        return await _run_arms(trace_kind, trace, opts, config, on_arm, previous)
     finally:
         torch.set_num_threads(threads_before)
 
 
 async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOptions,
-                    config: Any,
-                    on_arm: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+                    config: Any, on_arm: Callable[[dict[str, Any]], None] | None,
+                    previous: dict[str, Any] | None) -> dict[str, Any]:
     import torch
 
     from engine.decoder import TinyMoE
@@ -641,22 +652,69 @@ async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchO
     # One model for every arm: the same weights, and the host expert bank (6 GiB pinned on
     # the GPU config) is built once, not once an arm.
     model = TinyMoE(config.model, torch.device(config.device))
+    copy_us = _expert_copy_us(model)
     results: dict[str, ArmResult] = {}
-    run: dict[str, Any] = {}
+    run = _run_doc(trace_kind, trace, results, previous, copy_us)
     for arm in opts.arms:
+        if arm in run["arms"]:
+            continue
         results[arm] = await run_arm(arm, trace, config, opts, model)
         gc.collect()  # the arm's engine and pools go before the next one is built
         if opts.device.startswith("cuda"):
             torch.cuda.empty_cache()
-        run = _run_doc(trace_kind, trace, results)
+        run = _run_doc(trace_kind, trace, results, previous, copy_us)
         if on_arm is not None:
             on_arm(run)
     return run
 
 
-def _run_doc(trace_kind: str, trace: Sequence[TraceRequest],
-             results: dict[str, ArmResult]) -> dict[str, Any]:
-    arms = {a: r.aggregate() for a, r in results.items()}
+def _expert_copy_us(model: Any) -> float:
+    """Median microseconds of one expert's host-to-device copy and the wait for it: what a
+    miss costs at the least, to set beside the fitted cost (`miss_cost`)."""
+    import torch
+
+    source = model.host_bank[0, 0]
+    target = torch.empty_like(source, device=model.device)
+    cuda = model.device.type == "cuda"
+    samples = []
+    for _ in range(40):
+        started = time.perf_counter()
+        target.copy_(source, non_blocking=cuda)
+        if cuda:
+            torch.cuda.current_stream(model.device).synchronize()
+        samples.append(time.perf_counter() - started)
+    return round(statistics.median(samples[8:]) * 1e6, 1)
+
+
+def _miss_cost(arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """What a miss costs in decode: the least-squares line of seconds per token against
+    misses per token over the arms that served the whole trace (the same tokens over the same
+    contexts, so the misses are what differs). None when fewer than two distinct points."""
+    points = [(a["expert_misses"] / a["decode_tokens"], a["decode_s"] / a["decode_tokens"])
+              for a in arms.values()
+              if a["refused"] == 0 and a["truncated"] == 0 and a["decode_tokens"] > 0]
+    if len({round(x, 6) for x, _ in points}) < 2:
+        return None
+    slope, intercept = statistics.linear_regression([x for x, _ in points],
+                                                    [y for _, y in points])
+    return {"us_per_miss": round(slope * 1e6, 1),
+            "ms_per_token_without_misses": round(intercept * 1e3, 2), "arms": len(points)}
+
+
+_PER_ARM = ("arms", "ladders", "transitions", "per_request", "timeline")
+
+
+def _run_doc(trace_kind: str, trace: Sequence[TraceRequest], results: dict[str, ArmResult],
+             previous: dict[str, Any] | None, expert_copy_us: float) -> dict[str, Any]:
+    new = {
+        "arms": {a: r.aggregate() for a, r in results.items()},
+        "ladders": {a: r.ladder for a, r in results.items()},
+        "transitions": {a: r.transitions for a, r in results.items() if r.transitions},
+        "per_request": {a: [row.to_json() for row in r.rows] for a, r in results.items()},
+        "timeline": {a: r.timeline for a, r in results.items()},
+    }
+    merged = {k: {**(previous or {}).get(k, {}), **new[k]} for k in _PER_ARM}
+    arms = merged["arms"]
     ratios = _ratios(arms)
     largest = max((r.prompt_tokens + r.max_tokens for r in trace), default=0)
     return {
@@ -666,10 +724,9 @@ def _run_doc(trace_kind: str, trace: Sequence[TraceRequest],
         "arms": arms,
         "ratios": ratios,
         "targets": _targets(arms, ratios),
-        "ladders": {a: r.ladder for a, r in results.items()},
-        "transitions": {a: r.transitions for a, r in results.items() if r.transitions},
-        "per_request": {a: [row.to_json() for row in r.rows] for a, r in results.items()},
-        "timeline": {a: r.timeline for a, r in results.items()},
+        "miss_cost": _miss_cost(arms),
+        "expert_copy_us": expert_copy_us,
+        **{k: merged[k] for k in _PER_ARM if k != "arms"},
     }
 
 
@@ -699,6 +756,22 @@ def _meta(opts: BenchOptions) -> dict[str, Any]:
     }
 
 
+_SAME_RUN = ("schema", "device", "scale", "compress", "seed", "output_scale", "engine")
+
+
+def _resumable(path: str, meta: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The runs of an earlier JSON, and its calls' metadata, when it measured the same thing
+    (device, scales, seed, engine) as `meta` describes; else ValueError saying what differs."""
+    doc = json.loads(Path(path).read_text())
+    earlier = doc["meta"]
+    differ = [k for k in _SAME_RUN if earlier.get(k) != meta.get(k)]
+    if differ:
+        raise ValueError("it measured another setup (" + ", ".join(
+            f"{k} {earlier.get(k)!r} here {meta.get(k)!r}" for k in differ) + ")")
+    calls = earlier.pop("previous_calls", [])
+    return doc["runs"], [*calls, earlier]
+
+
 def render_table(run: dict[str, Any]) -> str:
     lines = [f"trace {run['trace']} ({run['requests']} requests)",
              f"  {'arm':<13} {'tok/s':>8} {'xfull':>6} {'xgrow':>6} {'xorac':>6} {'refused':>7} "
@@ -715,6 +788,10 @@ def render_table(run: dict[str, Any]) -> str:
                      f"{fmt(r['vs_grow_only']):>6} {fmt(r['vs_oracle']):>6} {a['refused']:>7} "
                      f"{a['truncated']:>5} {a['transitions']:>5} {a['transition_s']:>7.2f} "
                      f"{hit:>5} {ttft:>8}")
+    if (cost := run.get("miss_cost")) is not None:
+        lines.append(f"  a miss costs {cost['us_per_miss']:.1f} us of decode (fit over "
+                     f"{cost['arms']} arms); one expert's copy alone "
+                     f"{run['expert_copy_us']:.1f} us")
     return "\n".join(lines)
 
 
@@ -778,7 +855,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="divide trace times and daemon time constants by this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", default=",".join(ARMS), help="comma list of arms")
-    parser.add_argument("--out", default=None, help="write the JSON here")
+    parser.add_argument("--out", default=None,
+                        help="write the JSON here (default with --resume: that file)")
+    parser.add_argument("--resume", default=None, metavar="JSON",
+                        help="a JSON this bench wrote: keep its arms, run only the --arms it "
+                             "lacks, write the union (a trace longer than one 10-minute "
+                             "device call goes on in the next)")
     parser.add_argument("--plot", default=None, help="write a PNG here (needs matplotlib)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default 1 on cpu, torch's own on cuda)")
@@ -801,6 +883,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                             None if cuda else 1))
     doc: dict[str, Any] = {"meta": {**_meta(opts), "output_scale": args.output_scale},
                            "runs": {}}
+    previous_runs: dict[str, Any] = {}
+    if args.resume:
+        try:
+            previous_runs, doc["meta"]["previous_calls"] = _resumable(args.resume, doc["meta"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"bench/ladder: cannot resume {args.resume}: {exc}", file=sys.stderr)
+            return 2
+        args.out = args.out or args.resume
     started = time.perf_counter()
 
     def write(kind: str | None = None, run: dict[str, Any] | None = None) -> None:
@@ -816,7 +906,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace = build_trace(kind, n, seed=args.seed, scale=scale,
                             output_scale=args.output_scale)
         run = asyncio.run(run_bench(kind, trace, opts,
-                                    on_arm=lambda partial, kind=kind: write(kind, partial)))
+                                    on_arm=lambda partial, kind=kind: write(kind, partial),
+                                    previous=previous_runs.get(kind)))
+        write(kind, run)
         print(render_table(run))
     write()
     if opts.device == "cpu":

@@ -103,3 +103,46 @@ def test_cli_writes_json(tmp_path: Path) -> None:
     assert doc["meta"]["schema"] == bench.SCHEMA
     assert set(doc["runs"]["chat"]["arms"]) == {"static-full", "oracle"}
     assert bench.main(["--trace", "nope"]) == 2
+
+
+def test_resume_keeps_measured_arms_and_runs_the_rest(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    first = tmp_path / "first.json"
+    common = ["--trace", "chat", "--requests", "3", "--quiet"]
+    assert bench.main([*common, "--arms", "static-full", "--out", str(first)]) == 0
+    measured = json.loads(first.read_text())["runs"]["chat"]
+    out = tmp_path / "both.json"
+    assert bench.main([*common, "--arms", "static-full,oracle", "--resume", str(first),
+                       "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    run = doc["runs"]["chat"]
+    assert list(run["arms"]) == ["static-full", "oracle"]
+    # static-full was not run again: its figures are the first call's, to the sample.
+    assert run["arms"]["static-full"] == measured["arms"]["static-full"]
+    assert run["per_request"]["static-full"] == measured["per_request"]["static-full"]
+    assert run["ratios"]["oracle"]["vs_static_full"] == round(
+        run["arms"]["oracle"]["decode_tps"] / run["arms"]["static-full"]["decode_tps"], 3)
+    assert len(doc["meta"]["previous_calls"]) == 1
+    assert doc["meta"]["previous_calls"][0]["arms"] == ["static-full"]
+
+    # Another setup is refused in one line, and the file is left as it was.
+    before = out.read_text()
+    assert bench.main([*common, "--seed", "1", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bench/ladder: cannot resume") and "seed 0 here 1" in err
+    assert "\n" not in err
+    assert out.read_text() == before
+    assert bench.main([*common, "--resume", str(tmp_path / "missing.json")]) == 2
+
+
+def test_miss_cost_is_the_fitted_slope() -> None:
+    def arm(misses_per_token: float, refused: int = 0) -> dict:
+        # 5 ms a token plus 40 us a miss, over 1,000 tokens.
+        return {"expert_misses": int(misses_per_token * 1000), "decode_tokens": 1000,
+                "decode_s": 1000 * (5e-3 + misses_per_token * 40e-6), "refused": refused,
+                "truncated": 0}
+
+    cost = bench._miss_cost({"a": arm(10), "b": arm(100), "c": arm(150),
+                             "short": arm(1, refused=3)})
+    assert cost == {"us_per_miss": 40.0, "ms_per_token_without_misses": 5.0, "arms": 3}
+    assert bench._miss_cost({"a": arm(10), "b": arm(10)}) is None
