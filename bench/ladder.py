@@ -345,7 +345,7 @@ def _ladder_spec(arm: str, opts: BenchOptions) -> Any:
     if arm == "grow-only":
         return LadderSpec(kv_floor_tokens=opts.tokens(65_536), spacing="linear",
                           kv_step_tokens=opts.tokens(32_768))
-    return LadderSpec(kv_floor_tokens=opts.tokens(4096))
+    return LadderSpec(kv_floor_tokens=opts.tokens(4096), kv_step_tokens=opts.tokens(32_768))
 
 
 def _ladder_table(spec: Any) -> dict[str, Any]:

@@ -77,7 +77,9 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     budget.add_argument("--kv-ratio", type=float, default=_DEFAULT_SPEC.kv_step_ratio,
                         help="geometric step between rungs (default 1.414)")
     budget.add_argument("--kv-step", type=_count, default=_DEFAULT_SPEC.kv_step_tokens,
-                        metavar="TOKENS", help="linear step between rungs (default 32k)")
+                        metavar="TOKENS",
+                        help="linear step between rungs; with geometric spacing, the largest "
+                             "step (default 32k)")
 
 
 def _read_status_file(path: Path) -> Any:

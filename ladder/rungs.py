@@ -6,15 +6,18 @@ rung holds the longest context. Every transition between any two rungs is planne
 and a rung that cannot be reached safely from every other is dropped with its reason: the
 controller never has to discover at run time that a step is impossible.
 
-Default spacing (why geometric, ratio sqrt(2), floor 4k): the cost of a rung is its unused KV,
-which becomes expert slots. reference-numbers.md §5 prices an extra 32k reserved tokens at
-~2 points of hit rate (0.36-0.75 ms/token) at 20-30 % residency, and 2-3x more below 15 %; a
-ratio-r ladder wastes at most (r - 1) of the live context, so the waste stays proportional to
-the context instead of a fixed 32k that dominates short chats (ShareGPT contexts: median 821,
-p99 2.5k tokens). Steps below 77k tokens are under PR #300's 32k; above, a step costs ~1-2 % of
-the context's own attention time, while the number of transitions an agentic session crosses
-(40k -> 200k: 5 rungs) matches PR #300's 32k ladder, and each transition costs a cold expert
-cache (64-160 tokens of warm-up plus the refill) and, on ft serve, ~1 s of refused requests.
+Default spacing (why geometric, ratio sqrt(2), floor 4k, steps of at most 32k): the cost of a
+rung is its unused KV, which becomes expert slots. reference-numbers.md §5 prices an extra 32k
+reserved tokens at ~2 points of hit rate (0.36-0.75 ms/token) at 20-30 % residency, and 2-3x
+more below 15 %; a ratio-r ladder wastes at most (r - 1) of the live context, so the waste stays
+proportional to the context instead of a fixed 32k that dominates short chats (ShareGPT
+contexts: median 821, p99 2.5k tokens). Above ~77k tokens a sqrt(2) step would pass PR #300's
+32k, just where slots are fewest and each costs most (the 16 GB H200 bench: an uncapped
+geometric ladder's 131k -> 185k -> 262k steps put 140-190k agentic turns on 2-3x fewer slots
+than 32k steps did, and even its oracle lost to the grow-only ladder), so steps stop growing at
+`kv_step_tokens`. An agentic session growing from 64k to 200k then crosses 5 rungs, as with
+PR #300's ladder; each crossing costs warm-up (64-160 tokens at a degraded hit rate) and, on
+ft serve, a cold cache and ~1 s of refused requests.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class LadderSpec:
             raise ValueError("kv_max_tokens is below kv_floor_tokens")
         if self.spacing == "geometric" and not self.kv_step_ratio > 1.0:
             raise ValueError("kv_step_ratio must be greater than 1")
-        if self.spacing == "linear" and self.kv_step_tokens < 1:
+        if self.kv_step_tokens < 1:
             raise ValueError("kv_step_tokens must be at least 1")
         if self.reserve_bytes < 0:
             raise ValueError("reserve_bytes must not be negative")
@@ -120,8 +123,9 @@ def kv_levels(spec: LadderSpec, *, page_size: int, kv_max_tokens: int) -> list[i
     levels: list[int] = []
     while level < top:
         levels.append(level)
-        raw = (level * spec.kv_step_ratio if spec.spacing == "geometric"
-               else level + spec.kv_step_tokens)
+        raw = level + spec.kv_step_tokens
+        if spec.spacing == "geometric":
+            raw = min(raw, level * spec.kv_step_ratio)
         level = max(level + page_size, _round_up(math.ceil(raw), page_size))
     if top >= page_size:
         levels.append(top)

@@ -115,15 +115,28 @@ def test_reachable_ranges_are_honest_where_advertised_ones_are_not() -> None:
 
 
 @given(floor=st.integers(1, 100_000), ratio=st.floats(1.05, 4.0),
-       page=st.sampled_from([1, 16, 64]), top=st.integers(1, 2_000_000))
+       step=st.integers(1, 200_000), page=st.sampled_from([1, 16, 64]),
+       top=st.integers(1, 2_000_000))
 def test_levels_are_increasing_page_aligned_and_end_at_the_top(
-    floor: int, ratio: float, page: int, top: int
+    floor: int, ratio: float, step: int, page: int, top: int
 ) -> None:
-    levels = kv_levels(LadderSpec(kv_floor_tokens=floor, kv_step_ratio=ratio),
+    levels = kv_levels(LadderSpec(kv_floor_tokens=floor, kv_step_ratio=ratio,
+                                  kv_step_tokens=step),
                        page_size=page, kv_max_tokens=top)
     assert levels == sorted(set(levels))
     assert all(level % page == 0 for level in levels)
     if top >= page:
         assert levels[-1] == top // page * page
     for a, b in itertools.pairwise(levels[:-1]):
-        assert b <= max(a + page, a * ratio + page)
+        # The ratio's step, or the cap when that is smaller; up to a page of rounding.
+        assert b <= max(a + page, min(a * ratio, a + step) + page)
+
+
+def test_default_geometric_steps_stop_growing_at_32k() -> None:
+    levels = kv_levels(LadderSpec(), page_size=16, kv_max_tokens=262_144)
+    steps = [b - a for a, b in itertools.pairwise(levels)]
+    assert levels[:3] == [4096, 5808, 8224]  # sqrt(2) apart, page-aligned
+    assert max(steps) == 32_768
+    assert levels[-3:-1] == [levels[-2] - 32_768, levels[-2]]  # linear at the top
+    # Beyond 77k tokens the ratio would step further than 32k; every step there is the cap.
+    assert all(b - a == 32_768 for a, b in itertools.pairwise(levels[:-1]) if a >= 80_000)
