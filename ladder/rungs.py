@@ -123,7 +123,7 @@ def kv_levels(spec: LadderSpec, *, page_size: int, kv_max_tokens: int) -> list[i
     levels: list[int] = []
     while level < top:
         levels.append(level)
-        raw = level + spec.kv_step_tokens
+        raw = float(level + spec.kv_step_tokens)
         if spec.spacing == "geometric":
             raw = min(raw, level * spec.kv_step_ratio)
         level = max(level + page_size, _round_up(math.ceil(raw), page_size))
