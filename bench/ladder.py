@@ -219,6 +219,11 @@ class RequestRow:
     decode_s: float = 0.0
     rung: int | None = None
     error: str | None = None
+    # The engine's expert-pool counters over the decode window as the client saw it, first
+    # token to last (shared with any request decoding beside it; empty when the client read
+    # every token at once).
+    window_hits: int = 0
+    window_misses: int = 0
 
     @property
     def refused(self) -> bool:
@@ -238,7 +243,9 @@ class RequestRow:
 
     def to_json(self) -> dict[str, Any]:
         tps = self.decode_tps
+        lookups = self.window_hits + self.window_misses
         return {**{k: v for k, v in asdict(self).items() if k not in ("decode_s",)},
+                "window_hit_rate": round(self.window_hits / lookups, 4) if lookups else None,
                 "sent_s": round(self.sent_s, 3), "decode_s": round(self.decode_s, 4),
                 "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 4),
                 "decode_tps": None if tps is None else round(tps, 2),
@@ -295,8 +302,10 @@ class ArmResult:
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, prompt: str,
-                  seed: int, admitted: asyncio.Event | None = None) -> None:
-    """One streamed completion; fills `row`. `admitted` is set at the first token or the end.
+                  seed: int, counters: Callable[[], tuple[int, int]],
+                  admitted: asyncio.Event | None = None) -> None:
+    """One streamed completion; fills `row`. `counters` reads the engine's expert (hits,
+    misses). `admitted` is set at the first token or the end.
 
     Like ladder.demo's `_request`, plus TTFT, the error text and per-request rows.
     """
@@ -310,17 +319,20 @@ async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, pro
                 row.error = (await resp.text())[:200]
                 return
             first = last = None
+            at_first = at_last = (0, 0)
             async for line in resp.content:
                 if line.startswith(b"data: {"):
-                    last = time.perf_counter()
+                    last, at_last = time.perf_counter(), counters()
                     if first is None:
-                        first = last
+                        first, at_first = last, at_last
                         row.ttft_s = first - started
                         if admitted is not None:
                             admitted.set()
                     row.completion_tokens += 1
             if first is not None and last is not None:
                 row.decode_s = last - first
+                row.window_hits = at_last[0] - at_first[0]
+                row.window_misses = at_last[1] - at_first[1]
     except aiohttp.ClientError as exc:
         row.status, row.error = 599, f"{type(exc).__name__}: {exc}"[:200]
     finally:
@@ -511,6 +523,10 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                     await asyncio.sleep(_SAMPLE_S)
 
             sampler = asyncio.create_task(sample())
+
+            def counters() -> tuple[int, int]:
+                return engine.experts.hits, engine.experts.misses
+
             oracle_lock = asyncio.Lock()
             oracle_free_s = 0.0
 
@@ -526,6 +542,7 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                     admitted = asyncio.Event()
                     row.sent_s = time.perf_counter() - t0
                     task = asyncio.create_task(_stream(session, url, row, prompt, row.index,
+                                                       counters,
                                                        admitted))
                     await admitted.wait()
                 await task
@@ -537,7 +554,7 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                     return
                 row.sent_s = time.perf_counter() - t0
                 row.rung = controller.rung if controller is not None else start.index
-                await _stream(session, target, row, prompt, row.index)
+                await _stream(session, target, row, prompt, row.index, counters)
 
             sessions: dict[str, list[tuple[int, TraceRequest]]] = {}
             for i, request in enumerate(trace):

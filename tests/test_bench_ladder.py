@@ -67,6 +67,14 @@ async def test_every_arm_on_a_tiny_trace() -> None:
     assert all(row["refused"] for row in short if row["kind"] == "agentic")
     assert short[4]["refused"] or short[4]["truncated"]
     assert arms["static-short"]["refused"] + arms["static-short"]["truncated"] >= 3
+    # Each request's hit rate over its own decode window (None when the client read all its
+    # tokens at once): within the arm's lookups.
+    for arm in ("static-full", "headroom"):
+        rates = [r["window_hit_rate"] for r in run["per_request"][arm]
+                 if r["window_hit_rate"] is not None]
+        assert rates and all(0.0 <= rate <= 1.0 for rate in rates)
+        window = sum(r["window_hits"] + r["window_misses"] for r in run["per_request"][arm])
+        assert 0 < window <= arms[arm]["expert_hits"] + arms[arm]["expert_misses"]
     # The best rung for each request has at least the slots of the top rung.
     assert arms["oracle"]["hit_rate"] >= arms["static-full"]["hit_rate"]
     assert arms["oracle"]["free_transitions"] is True
