@@ -98,8 +98,8 @@ from bench.traces import TraceRequest, agentic_session, mixed, scaled, short_cha
 from policies.api import Decision, LadderView, Observation  # noqa: E402
 from policies.headroom import check_options, floor_tokens  # noqa: E402
 
-__all__ = ["ARMS", "BenchOptions", "GrowOnly", "build_trace", "gpu_engine_config", "main",
-           "run_bench"]
+__all__ = ["ARMS", "ArmInterrupted", "BenchOptions", "GrowOnly", "build_trace",
+           "gpu_engine_config", "main", "run_bench"]
 
 SCHEMA = "moe-ladder.bench-ladder.v1"
 ARMS = ("static-full", "static-short", "grow-only", "headroom", "throughput", "pinned-0",
@@ -107,6 +107,10 @@ ARMS = ("static-full", "static-short", "grow-only", "headroom", "throughput", "p
 DAEMON_ARMS = ("grow-only", "headroom", "throughput", "pinned-0")
 MOE_LADDER_ARMS = ("headroom", "throughput")
 _SAMPLE_S = 0.1
+
+
+class ArmInterrupted(RuntimeError):
+    """A signal (a device call's time limit) stopped the engine before the arm's trace ended."""
 
 
 class GrowOnly:
@@ -524,6 +528,13 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
 
             sampler = asyncio.create_task(sample())
 
+            def check_not_stopped() -> None:
+                # serve() sets stop_engine on SIGTERM/SIGINT (a device call's time limit):
+                # what follows would be refusals the arm did not make.
+                if stop_engine.is_set():
+                    raise ArmInterrupted(f"{arm}: the engine was stopped by a signal "
+                                         f"mid-trace; the arm is not recorded")
+
             def counters() -> tuple[int, int]:
                 return engine.experts.hits, engine.experts.misses
 
@@ -568,7 +579,9 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                     else:
                         delay = opts.seconds(request.t_s - previous.t_s)
                     if delay > 0:
-                        await asyncio.sleep(delay)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop_engine.wait(), delay)
+                    check_not_stopped()
                     row = RequestRow(i, request.session, request.kind, request.prompt_tokens,
                                      request.max_tokens)
                     result.rows.append(row)
@@ -576,6 +589,7 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                     previous = request
 
             await asyncio.gather(*(replay(turns) for turns in sessions.values()))
+            check_not_stopped()
             result.wall_s = time.perf_counter() - t0
             result.rows.sort(key=lambda r: r.index)
             result.hits = engine.experts.hits - hits0
@@ -731,20 +745,44 @@ def _run_doc(trace_kind: str, trace: Sequence[TraceRequest], results: dict[str, 
         "timeline": {a: r.timeline for a, r in results.items()},
     }
     merged = {k: {**(previous or {}).get(k, {}), **new[k]} for k in _PER_ARM}
-    arms = merged["arms"]
-    ratios = _ratios(arms)
     largest = max((r.prompt_tokens + r.max_tokens for r in trace), default=0)
     return {
         "trace": trace_kind,
         "requests": len(trace),
         "largest_request_tokens": largest,
-        "arms": arms,
-        "ratios": ratios,
-        "targets": _targets(arms, ratios),
-        "miss_cost": _miss_cost(arms),
+        "arms": merged["arms"],
+        **_derived(merged["arms"], merged["per_request"]),
         "expert_copy_us": expert_copy_us,
         **{k: merged[k] for k in _PER_ARM if k != "arms"},
     }
+
+
+def _derived(arms: dict[str, dict[str, Any]],
+             per_request: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """What a run's figures follow from its per-arm measurements (written, and re-derived by
+    `--report`)."""
+    ratios = _ratios(arms)
+    return {"ratios": ratios, "targets": _targets(arms, ratios), "miss_cost": _miss_cost(arms),
+            "common": _common(per_request)}
+
+
+def _common(per_request: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """Each arm's aggregate decode tokens/s over the requests every arm served, and the
+    ratios: the like-for-like comparison when an arm refused some (static-short, which refuses
+    by design, is left out)."""
+    compared = [a for a in per_request if a != "static-short"]
+    if not compared:
+        return None
+    served = set.intersection(*({row["index"] for row in per_request[a] if not row["refused"]}
+                                for a in compared))
+    tps: dict[str, dict[str, Any]] = {}
+    for a in compared:
+        rows = [row for row in per_request[a] if row["index"] in served]
+        tokens = sum(max(0, row["completion_tokens"] - 1) for row in rows)
+        seconds = sum(row["decode_s"] for row in rows)
+        tps[a] = {"decode_tps": round(tokens / seconds, 2) if seconds > 0 else 0.0}
+    return {"requests": len(served), "arms": {a: t["decode_tps"] for a, t in tps.items()},
+            "ratios": _ratios(tps)}
 
 
 def _meta(opts: BenchOptions) -> dict[str, Any]:
@@ -789,6 +827,23 @@ def _resumable(path: str, meta: dict[str, Any]) -> tuple[dict[str, Any], list[di
     return doc["runs"], [*calls, earlier]
 
 
+def _report(path: str, out: str | None, plot_path: str | None) -> int:
+    try:
+        doc = json.loads(Path(path).read_text())
+        for run in doc["runs"].values():
+            run.update(_derived(run["arms"], run["per_request"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"bench/ladder: cannot report {path}: {exc}", file=sys.stderr)
+        return 2
+    for run in doc["runs"].values():
+        print(render_table(run))
+    if out:
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    if plot_path and not plot(doc, plot_path):
+        print("bench/ladder: matplotlib is not installed; no plot", file=sys.stderr)
+    return 0
+
+
 def render_table(run: dict[str, Any]) -> str:
     lines = [f"trace {run['trace']} ({run['requests']} requests)",
              f"  {'arm':<13} {'tok/s':>8} {'xfull':>6} {'xgrow':>6} {'xorac':>6} {'refused':>7} "
@@ -805,6 +860,15 @@ def render_table(run: dict[str, Any]) -> str:
                      f"{fmt(r['vs_grow_only']):>6} {fmt(r['vs_oracle']):>6} {a['refused']:>7} "
                      f"{a['truncated']:>5} {a['transitions']:>5} {a['transition_s']:>7.2f} "
                      f"{hit:>5} {ttft:>8}")
+    common = run.get("common")
+    if common is not None and common["requests"] < run["requests"]:
+        lines.append(f"  like for like, the {common['requests']} requests every arm but "
+                     f"static-short served:")
+        for arm, tps in common["arms"].items():
+            r = common["ratios"][arm]
+            lines.append(f"  {arm:<13} {tps:>8.1f} " + " ".join(
+                f"{'-' if v is None else f'{v:.2f}':>6}" for v in
+                (r["vs_static_full"], r["vs_grow_only"], r["vs_oracle"])))
     if (cost := run.get("miss_cost")) is not None:
         lines.append(f"  a miss costs {cost['us_per_miss']:.1f} us of decode (fit over "
                      f"{cost['arms']} arms); one expert's copy alone "
@@ -881,8 +945,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", default=None, help="write a PNG here (needs matplotlib)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default 1 on cpu, torch's own on cuda)")
+    parser.add_argument("--report", default=None, metavar="JSON",
+                        help="run nothing: re-derive a written JSON's ratios and targets, print "
+                             "its tables (and --plot, --out)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.report:
+        return _report(args.report, args.out, args.plot)
     from ladder.logs import configure
 
     configure("text", "warning")  # the daemons' warnings with their fields (the error text)
@@ -918,15 +987,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
 
-    for kind in kinds:
-        n = args.requests or (SMOKE_REQUESTS if args.smoke else FULL_REQUESTS)[kind]
-        trace = build_trace(kind, n, seed=args.seed, scale=scale,
-                            output_scale=args.output_scale)
-        run = asyncio.run(run_bench(kind, trace, opts,
-                                    on_arm=lambda partial, kind=kind: write(kind, partial),
-                                    previous=previous_runs.get(kind)))
-        write(kind, run)
-        print(render_table(run))
+    try:
+        for kind in kinds:
+            n = args.requests or (SMOKE_REQUESTS if args.smoke else FULL_REQUESTS)[kind]
+            trace = build_trace(kind, n, seed=args.seed, scale=scale,
+                                output_scale=args.output_scale)
+            run = asyncio.run(run_bench(kind, trace, opts,
+                                        on_arm=lambda partial, kind=kind: write(kind, partial),
+                                        previous=previous_runs.get(kind)))
+            write(kind, run)
+            print(render_table(run))
+    except ArmInterrupted as exc:
+        write()
+        print(f"bench/ladder: {exc}", file=sys.stderr)
+        return 3
     write()
     if opts.device == "cpu":
         print("(CPU numbers of the scaled-down engine: not a GPU's; targets are for the H200.)")

@@ -8,8 +8,11 @@ cache at least as often as the static full-context geometry, which has the fewes
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -154,3 +157,55 @@ def test_miss_cost_is_the_fitted_slope() -> None:
                              "short": arm(1, refused=3)})
     assert cost == {"us_per_miss": 40.0, "ms_per_token_without_misses": 5.0, "arms": 3}
     assert bench._miss_cost({"a": arm(10), "b": arm(10)}) is None
+
+
+@pytest.mark.timeout(60)
+async def test_a_signal_mid_trace_interrupts_the_arm_instead_of_recording_refusals() -> None:
+    r = bench.TraceRequest
+    trace = [r(0.0, "s", 20, 4, "chat"), r(30.0, "s", 20, 4, "chat")]  # 30 s apart
+    loop = asyncio.get_running_loop()
+    # Until serve() installs its own handler, a SIGTERM must not end the test run.
+    loop.add_signal_handler(signal.SIGTERM, lambda: None)
+    try:
+        loop.call_later(4.0, os.kill, os.getpid(), signal.SIGTERM)
+        started = loop.time()
+        with pytest.raises(bench.ArmInterrupted, match="static-full: the engine was stopped"):
+            await bench.run_bench("t", trace, bench.BenchOptions(
+                compress=1.0, quiet=True, arms=("static-full",)))
+        assert loop.time() - started < 20  # it woke from the 30 s gap, not after it
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def test_common_compares_the_requests_every_arm_served() -> None:
+    def rows(*served: tuple[int, int, float]) -> list[dict]:
+        return [{"index": i, "refused": tokens == 0, "completion_tokens": tokens,
+                 "decode_s": seconds} for i, tokens, seconds in served]
+
+    common = bench._common({
+        "static-full": rows((0, 11, 1.0), (1, 21, 2.0), (2, 11, 1.0)),
+        "headroom": rows((0, 11, 0.5), (1, 21, 1.0), (2, 0, 0.0)),  # cut before request 2
+        "static-short": rows((0, 11, 0.1), (1, 0, 0.0), (2, 0, 0.0)),  # left out
+    })
+    assert common["requests"] == 2
+    assert common["arms"] == {"static-full": 10.0, "headroom": 20.0}
+    assert common["ratios"]["headroom"]["vs_static_full"] == 2.0
+
+
+def test_report_rederives_a_written_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run_json = tmp_path / "run.json"
+    assert bench.main(["--trace", "chat", "--requests", "3", "--arms", "static-full,oracle",
+                       "--quiet", "--out", str(run_json)]) == 0
+    doc = json.loads(run_json.read_text())
+    run = doc["runs"]["chat"]
+    del run["ratios"], run["common"]
+    run_json.write_text(json.dumps(doc))
+    capsys.readouterr()
+    out = tmp_path / "again.json"
+    assert bench.main(["--report", str(run_json), "--out", str(out)]) == 0
+    assert "trace chat (3 requests)" in capsys.readouterr().out
+    again = json.loads(out.read_text())["runs"]["chat"]
+    assert again["ratios"]["oracle"]["vs_static_full"] == round(
+        again["arms"]["oracle"]["decode_tps"] / again["arms"]["static-full"]["decode_tps"], 3)
+    assert again["common"]["requests"] == 3
+    assert bench.main(["--report", str(tmp_path / "missing.json")]) == 2
