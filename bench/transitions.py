@@ -380,16 +380,23 @@ class ScaledGeometry:
 
 
 def scale_geometry(geo: BenchGeometry, sizes: EngineSizes) -> ScaledGeometry:
-    """`num_experts` real slots become `sizes.experts` tiny slots; bytes keep their ratios."""
+    """`num_experts` real slots become `sizes.experts` tiny slots; bytes keep their ratios.
+
+    The tiny model gets at least as many layers as the budget holds layers' worth of experts
+    (`sizes.layers` at the least): with fewer, its `layers x experts` slot cap would stop
+    every rung short of the budget, and nothing would be near full.
+    """
     from engine.decoder import ModelSpec
 
     units, shape = geo.status.units, geo.status.shape
-    probe = ModelSpec(num_layers=sizes.layers, num_experts=sizes.experts, top_k=2,
+    layers_worth = geo.budget_bytes / (units.moe_per_expert * shape.num_experts)
+    probe = ModelSpec(num_layers=max(sizes.layers, math.ceil(layers_worth)),
+                      num_experts=sizes.experts, top_k=2,
                       hidden=sizes.hidden, expert_hidden=sizes.expert_hidden,
                       head_dim=sizes.head_dim, page_size=sizes.page_size)
     scale = (probe.expert_bytes * sizes.experts) / (units.moe_per_expert * shape.num_experts)
     has_mamba = geo.status.geometry.num_mamba_slots > 0
-    per_head = sizes.layers * sizes.head_dim ** 2 * 4
+    per_head = probe.num_layers * sizes.head_dim ** 2 * 4
     heads = max(1, round(units.mamba_per_slot * scale / per_head)) if has_mamba else 1
     spec = replace(probe, state_heads=heads)
     kv_tokens_per_real = units.kv_per_token * scale / spec.kv_bytes_per_token
@@ -705,8 +712,7 @@ def main(argv: Iterable[str] | None = None,
     parser.add_argument("--mode", choices=("plan", "engine", "both"), default="plan")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (engine mode)")
     parser.add_argument("--geometry", action="append",
-                        help="geometry name (repeatable); default: all in plan mode, the "
-                             "report in engine mode")
+                        help="geometry name (repeatable); default: all four")
     parser.add_argument("--fills", default="90,95,99,100", help="percent, comma-separated")
     parser.add_argument("--sizes", choices=sorted(SIZES), default=None,
                         help="engine model sizes (default: ci on cpu, cuda on cuda)")
@@ -729,12 +735,11 @@ def main(argv: Iterable[str] | None = None,
             from engine.memory import enable_expandable_segments
 
             enable_expandable_segments()
-        names = args.geometry or ["rtx5080-report-16gb"]
         sizes = SIZES[args.sizes or ("ci" if args.device == "cpu" else "cuda")]
         out["engine"] = [asyncio.run(run_engine_mode(
             geo, sizes, device=args.device,
             card_bytes=None if args.card_gib is None else int(args.card_gib * GIB),
-            pair_sample=args.pair_sample or None)) for geo in load_geometries(names)]
+            pair_sample=args.pair_sample or None)) for geo in load_geometries(args.geometry)]
     out["seconds"] = round(time.perf_counter() - started, 3)
     text = json.dumps(out, indent=1)
     emit(text)

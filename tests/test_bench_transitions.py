@@ -95,6 +95,22 @@ async def test_engine_mode_real_ooms_only_in_the_single_freetoken_call(
     assert out["summary"]["ooms_match_prediction"]
 
 
+async def test_engine_mode_fills_a_geometry_whose_budget_holds_many_layers_of_experts(
+        bench: ModuleType) -> None:
+    # gemma-like on 16 GB: the budget holds ~28 layers' worth of experts, more than the tiny
+    # model's 4 layers; the scaled model must still let the rungs fill the budget.
+    geo = bench.load_geometries(["gemma-4-26b-a4b-like-rtx4080super-16gb"])[0]
+    scaled = bench.scale_geometry(geo, bench.SIZES["tiny"])
+    assert scaled.spec.num_layers == 29
+    _, ladder = bench.engine_ladder(scaled)
+    assert all(r.total_bytes >= 0.98 * scaled.budget_bytes for r in ladder.rungs)
+    top = len(ladder.rungs) - 1
+    out = await bench.run_engine_mode(geo, bench.SIZES["tiny"], device="cpu", card_bytes=0,
+                                      pair_sample=None, pairs=[(top, 0)])
+    single = out["transitions"][0]["runs"]["single_freetoken"]
+    assert single["ooms"] == 1 and out["summary"]["ooms_match_prediction"]
+
+
 def test_command_line_prints_one_json_object(bench: ModuleType, tmp_path: Path) -> None:
     printed: list[str] = []
     target = tmp_path / "plan.json"
