@@ -13,7 +13,7 @@ more below 15 %; a ratio-r ladder wastes at most (r - 1) of the live context, so
 proportional to the context instead of a fixed 32k that dominates short chats (ShareGPT
 contexts: median 821, p99 2.5k tokens). Above ~77k tokens a sqrt(2) step would pass PR #300's
 32k, just where slots are fewest and each costs most (the 16 GB H200 bench: an uncapped
-geometric ladder's 131k -> 185k -> 262k steps put 140-190k agentic turns on 2-3x fewer slots
+geometric ladder's 131k -> 187k -> 226k steps left 95-190k agentic turns 1.3-3.7x fewer slots
 than 32k steps did, and even its oracle lost to the grow-only ladder), so steps stop growing at
 `kv_step_tokens`. An agentic session growing from 64k to 200k then crosses 5 rungs, as with
 PR #300's ladder; each crossing costs warm-up (64-160 tokens at a degraded hit rate) and, on
