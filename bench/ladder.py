@@ -10,7 +10,8 @@ the same requests (the same prompts, so the same expert routing):
   with a policy (`GrowOnly`, below) that only ever steps up, run through the real daemon and
   gate.
 * `headroom`, `throughput`: moe-ladder, the real daemon and gate with each built-in policy on
-  the default geometric ladder (floor 4k, ratio sqrt(2); the floor scaled like the trace).
+  the default geometric ladder (floor 4k, ratio sqrt(2), steps of at most 32k; both scaled like
+  the trace).
 * `pinned-0`: moe-ladder's `pinned` policy at the bottom rung (raised only when demand needs).
 * `oracle`: no daemon; before each request the bench itself sets, with `engine.rebuild`, the
   lowest rung that holds the request plus everything already running or waiting (the best
@@ -48,8 +49,12 @@ PCIe Gen5), KV 24 layers x 2 x 128 x fp32 = 24 KiB per token (Qwen3-Next bf16: 2
 agentic request. Traces run at full size (`--scale 1`); the host expert bank is 6 GiB pinned,
 built once for all arms. A miss's layer waits for its copy (`engine.decoder`), and the run
 reports what a miss cost in decode (`miss_cost`, a fit over the arms) beside one expert's
-copy alone (`expert_copy_us`). A trace whose arms outlast one 10-minute device call goes on
-in the next with `--resume`, which keeps the arms already measured:
+copy alone (`expert_copy_us`), and what the misses alone predict (`miss_model`: each miss at
+one copy, the rest the same in every arm; its ratios set apart what a ladder gains from a
+call's noise, and `no_miss_vs_grow_only` bounds any ladder over grow-only where misses are all
+that rungs change, which small residuals confirm and large ones deny). A trace whose arms
+outlast one 10-minute device call goes on in the next with `--resume`, which keeps the arms
+already measured:
 
     python bench/ladder.py --device cuda --trace agentic --output-scale 8
         --out bench/results/ladder-h200-agentic.json (add --plot FILE.png for the plots)
@@ -722,8 +727,7 @@ def _miss_cost(arms: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     misses per token over the arms that served the whole trace (the same tokens over the same
     contexts, so the misses are what differs). None when fewer than two distinct points."""
     points = [(a["expert_misses"] / a["decode_tokens"], a["decode_s"] / a["decode_tokens"])
-              for a in arms.values()
-              if a["refused"] == 0 and a["truncated"] == 0 and a["decode_tokens"] > 0]
+              for a in _full_arms(arms).values()]
     if len({round(x, 6) for x, _ in points}) < 2:
         return None
     slope, intercept = statistics.linear_regression([x for x, _ in points],
@@ -751,19 +755,56 @@ def _run_doc(trace_kind: str, trace: Sequence[TraceRequest], results: dict[str, 
         "requests": len(trace),
         "largest_request_tokens": largest,
         "arms": merged["arms"],
-        **_derived(merged["arms"], merged["per_request"]),
+        **_derived(merged["arms"], merged["per_request"], expert_copy_us),
         "expert_copy_us": expert_copy_us,
         **{k: merged[k] for k in _PER_ARM if k != "arms"},
     }
 
 
-def _derived(arms: dict[str, dict[str, Any]],
-             per_request: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def _full_arms(arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The arms that served the whole trace: the same tokens over the same contexts."""
+    return {a: v for a, v in arms.items()
+            if v["refused"] == 0 and v["truncated"] == 0 and v["decode_tokens"] > 0}
+
+
+def _miss_model(arms: dict[str, dict[str, Any]],
+                expert_copy_us: float | None) -> dict[str, Any] | None:
+    """What the expert misses alone predict, to tell a ladder's gain from call noise.
+
+    Each miss costs one expert's measured copy (`expert_copy_us`, not the fit, which noise
+    moves); everything else costs the same per token in every arm that served the whole
+    trace (their mean). On that model: each arm's tokens/s and ratios; its residual
+    (measured / modelled decode seconds - 1: noise, plus any cost other than misses, e.g.
+    another request's prefill inside a decode window); and `no_miss_vs_grow_only`, the
+    ratio a run without a single miss would have over grow-only: the ceiling of any ladder
+    against it if misses are all that the rung changes (residuals far from 0 say they are
+    not)."""
+    full = _full_arms(arms)
+    if not full or expert_copy_us is None:
+        return None
+    miss_s = {a: v["expert_misses"] * expert_copy_us * 1e-6 for a, v in full.items()}
+    base_s = statistics.fmean((v["decode_s"] - miss_s[a]) / v["decode_tokens"]
+                              for a, v in full.items())
+    modelled_s = {a: v["decode_tokens"] * base_s + miss_s[a] for a, v in full.items()}
+    tps = {a: {"decode_tps": round(v["decode_tokens"] / modelled_s[a], 2)}
+           for a, v in full.items()}
+    ceiling = None
+    if "grow-only" in full:
+        ceiling = round(modelled_s["grow-only"] / (full["grow-only"]["decode_tokens"] * base_s),
+                        3)
+    return {"us_per_miss": expert_copy_us, "ms_per_token_without_misses": round(base_s * 1e3, 2),
+            "arms": {a: t["decode_tps"] for a, t in tps.items()}, "ratios": _ratios(tps),
+            "residual": {a: round(full[a]["decode_s"] / modelled_s[a] - 1, 3) for a in full},
+            "no_miss_vs_grow_only": ceiling}
+
+
+def _derived(arms: dict[str, dict[str, Any]], per_request: dict[str, list[dict[str, Any]]],
+             expert_copy_us: float | None) -> dict[str, Any]:
     """What a run's figures follow from its per-arm measurements (written, and re-derived by
     `--report`)."""
     ratios = _ratios(arms)
     return {"ratios": ratios, "targets": _targets(arms, ratios), "miss_cost": _miss_cost(arms),
-            "common": _common(per_request)}
+            "miss_model": _miss_model(arms, expert_copy_us), "common": _common(per_request)}
 
 
 def _common(per_request: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
@@ -831,7 +872,7 @@ def _report(path: str, out: str | None, plot_path: str | None) -> int:
     try:
         doc = json.loads(Path(path).read_text())
         for run in doc["runs"].values():
-            run.update(_derived(run["arms"], run["per_request"]))
+            run.update(_derived(run["arms"], run["per_request"], run.get("expert_copy_us")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"bench/ladder: cannot report {path}: {exc}", file=sys.stderr)
         return 2
@@ -842,6 +883,11 @@ def _report(path: str, out: str | None, plot_path: str | None) -> int:
     if plot_path and not plot(doc, plot_path):
         print("bench/ladder: matplotlib is not installed; no plot", file=sys.stderr)
     return 0
+
+
+def _ratio_cells(r: dict[str, float | None]) -> str:
+    return " ".join(f"{'-' if v is None else f'{v:.2f}':>6}"
+                    for v in (r["vs_static_full"], r["vs_grow_only"], r["vs_oracle"]))
 
 
 def render_table(run: dict[str, Any]) -> str:
@@ -866,13 +912,22 @@ def render_table(run: dict[str, Any]) -> str:
                      f"static-short served:")
         for arm, tps in common["arms"].items():
             r = common["ratios"][arm]
-            lines.append(f"  {arm:<13} {tps:>8.1f} " + " ".join(
-                f"{'-' if v is None else f'{v:.2f}':>6}" for v in
-                (r["vs_static_full"], r["vs_grow_only"], r["vs_oracle"])))
+            lines.append(f"  {arm:<13} {tps:>8.1f} {_ratio_cells(r)}")
     if (cost := run.get("miss_cost")) is not None:
         lines.append(f"  a miss costs {cost['us_per_miss']:.1f} us of decode (fit over "
                      f"{cost['arms']} arms); one expert's copy alone "
                      f"{run['expert_copy_us']:.1f} us")
+    if (model := run.get("miss_model")) is not None:
+        lines.append(f"  misses alone (each {model['us_per_miss']:.1f} us, the rest "
+                     f"{model['ms_per_token_without_misses']:.2f} ms a token): "
+                     "tok/s xfull xgrow xorac residual")
+        for arm, tps in model["arms"].items():
+            r = model["ratios"][arm]
+            lines.append(f"  {arm:<13} {tps:>8.1f} {_ratio_cells(r)} "
+                         f"{model['residual'][arm]:>+8.1%}")
+        if model["no_miss_vs_grow_only"] is not None:
+            lines.append(f"  no miss at all would be {model['no_miss_vs_grow_only']:.2f}x "
+                         "grow-only: any ladder's ceiling, if misses are all a rung changes")
     return "\n".join(lines)
 
 

@@ -159,6 +159,29 @@ def test_miss_cost_is_the_fitted_slope() -> None:
     assert bench._miss_cost({"a": arm(10), "b": arm(10)}) is None
 
 
+def test_miss_model_prices_each_miss_at_one_copy_and_shows_the_residual() -> None:
+    def arm(misses: int, extra_s: float = 0.0, refused: int = 0) -> dict:
+        # 10 ms a token plus 50 us a miss, over 1,000 tokens; `extra_s` is noise.
+        return {"expert_misses": misses, "decode_tokens": 1000, "refused": refused,
+                "truncated": 0, "decode_s": 1000 * 10e-3 + misses * 50e-6 + extra_s}
+
+    model = bench._miss_model({"static-full": arm(100_000), "grow-only": arm(20_000),
+                               "headroom": arm(10_000), "static-short": arm(0, refused=5)},
+                              expert_copy_us=50.0)
+    assert model["ms_per_token_without_misses"] == 10.0
+    assert model["arms"] == {"static-full": 66.67, "grow-only": 90.91, "headroom": 95.24}
+    assert model["residual"] == {"static-full": 0.0, "grow-only": 0.0, "headroom": 0.0}
+    assert model["ratios"]["headroom"]["vs_grow_only"] == 1.048
+    assert model["no_miss_vs_grow_only"] == 1.1  # 11 s with its misses, 10 s without
+
+    # Noise in one arm moves its measured figure, not what its misses predict.
+    noisy = bench._miss_model({"grow-only": arm(20_000, extra_s=-1.5),
+                               "headroom": arm(10_000, extra_s=1.5)}, expert_copy_us=50.0)
+    assert noisy["arms"] == {"grow-only": 90.91, "headroom": 95.24}
+    assert noisy["residual"] == {"grow-only": -0.136, "headroom": 0.143}
+    assert bench._miss_model({"grow-only": arm(1)}, expert_copy_us=None) is None
+
+
 @pytest.mark.timeout(60)
 async def test_a_signal_mid_trace_interrupts_the_arm_instead_of_recording_refusals() -> None:
     r = bench.TraceRequest
@@ -208,4 +231,5 @@ def test_report_rederives_a_written_run(tmp_path: Path, capsys: pytest.CaptureFi
     assert again["ratios"]["oracle"]["vs_static_full"] == round(
         again["arms"]["oracle"]["decode_tps"] / again["arms"]["static-full"]["decode_tps"], 3)
     assert again["common"]["requests"] == 3
+    assert set(again["miss_model"]["arms"]) == {"static-full", "oracle"}
     assert bench.main(["--report", str(tmp_path / "missing.json")]) == 2
