@@ -31,7 +31,7 @@ export PYTHONPATH=.:/tmp/site
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
   nproc; free -g | head -2
-} > "$OUT/env.txt" 2>&1
+} >> "$OUT/env.txt" 2>&1  # appended: one call may run this script more than once
 
 # Arms in the order the targets need them, so a step cut short keeps the comparisons that count;
 # ARMS=a,b,... overrides it (one device call holds about five arms of a full trace).

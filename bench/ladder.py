@@ -536,9 +536,14 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
             def check_not_stopped() -> None:
                 # serve() sets stop_engine on SIGTERM/SIGINT (a device call's time limit):
                 # what follows would be refusals the arm did not make.
+                # How far it got says whether the cut arm was slow or stuck.
                 if stop_engine.is_set():
-                    raise ArmInterrupted(f"{arm}: the engine was stopped by a signal "
-                                         f"mid-trace; the arm is not recorded")
+                    note_transitions()
+                    raise ArmInterrupted(
+                        f"{arm}: the engine was stopped by a signal mid-trace, "
+                        f"{time.perf_counter() - t0:.0f} s in, {len(result.rows)} of "
+                        f"{len(trace)} requests sent, {len(result.transitions)} transitions; "
+                        "the arm is not recorded")
 
             def counters() -> tuple[int, int]:
                 return engine.experts.hits, engine.experts.misses
