@@ -535,8 +535,8 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
 
             def check_not_stopped() -> None:
                 # serve() sets stop_engine on SIGTERM/SIGINT (a device call's time limit):
-                # what follows would be refusals the arm did not make.
-                # How far it got says whether the cut arm was slow or stuck.
+                # what follows would be refusals the arm did not make. How far it got says
+                # whether the cut arm was slow or stuck.
                 if stop_engine.is_set():
                     note_transitions()
                     raise ArmInterrupted(
@@ -563,8 +563,7 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                     admitted = asyncio.Event()
                     row.sent_s = time.perf_counter() - t0
                     task = asyncio.create_task(_stream(session, url, row, prompt, row.index,
-                                                       counters,
-                                                       admitted))
+                                                       counters, admitted))
                     await admitted.wait()
                 await task
 
@@ -873,6 +872,11 @@ def _resumable(path: str, meta: dict[str, Any]) -> tuple[dict[str, Any], list[di
     return doc["runs"], [*calls, earlier]
 
 
+def _write_doc(path: str, doc: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def _report(path: str, out: str | None, plot_path: str | None) -> int:
     try:
         doc = json.loads(Path(path).read_text())
@@ -884,7 +888,7 @@ def _report(path: str, out: str | None, plot_path: str | None) -> int:
     for run in doc["runs"].values():
         print(render_table(run))
     if out:
-        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        _write_doc(out, doc)
     if plot_path and not plot(doc, plot_path):
         print("bench/ladder: matplotlib is not installed; no plot", file=sys.stderr)
     return 0
@@ -900,17 +904,11 @@ def render_table(run: dict[str, Any]) -> str:
              f"  {'arm':<13} {'tok/s':>8} {'xfull':>6} {'xgrow':>6} {'xorac':>6} {'refused':>7} "
              f"{'trunc':>5} {'trans':>5} {'trans_s':>7} {'hit':>5} {'ttft_p50':>8}"]
     for arm, a in run["arms"].items():
-        r = run["ratios"][arm]
-
-        def fmt(v: float | None) -> str:
-            return "-" if v is None else f"{v:.2f}"
-
         ttft = "-" if a["ttft_median_s"] is None else f"{a['ttft_median_s']:.3f}"
         hit = "-" if a["hit_rate"] is None else f"{a['hit_rate']:.0%}"
-        lines.append(f"  {arm:<13} {a['decode_tps']:>8.1f} {fmt(r['vs_static_full']):>6} "
-                     f"{fmt(r['vs_grow_only']):>6} {fmt(r['vs_oracle']):>6} {a['refused']:>7} "
-                     f"{a['truncated']:>5} {a['transitions']:>5} {a['transition_s']:>7.2f} "
-                     f"{hit:>5} {ttft:>8}")
+        lines.append(f"  {arm:<13} {a['decode_tps']:>8.1f} {_ratio_cells(run['ratios'][arm])} "
+                     f"{a['refused']:>7} {a['truncated']:>5} {a['transitions']:>5} "
+                     f"{a['transition_s']:>7.2f} {hit:>5} {ttft:>8}")
     common = run.get("common")
     if common is not None and common["requests"] < run["requests"]:
         lines.append(f"  like for like, the {common['requests']} requests every arm but "
@@ -1044,8 +1042,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc["runs"][kind] = run
         doc["meta"]["wall_s"] = round(time.perf_counter() - started, 1)
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+            _write_doc(args.out, doc)
 
     try:
         for kind in kinds:
