@@ -102,7 +102,9 @@ class AdmissionError(Exception):
 @dataclass(slots=True)
 class _Running:
     decode: DecodeRequest
-    tokens: asyncio.Queue[int | None]
+    # Tokens, then None at the end; an AdmissionError instead when a rebuild took away the
+    # context the waiting request was admitted against (`_readmit_waiting`).
+    tokens: asyncio.Queue[int | AdmissionError | None]
     need_pages: int
     path: str
     stream: bool
@@ -358,17 +360,11 @@ class ReferenceEngine:
             raise refusal
         if not prompt_ids:
             prompt_ids = [self.tokenizer.bos_id]
-        limit = self.max_seq_len()
-        if len(prompt_ids) >= limit:
-            raise AdmissionError(400, f"prompt is too long: {len(prompt_ids)} tokens, the "
-                                      f"context holds {limit}", code="context_length_exceeded")
-        # ft serve clips max_tokens to what the context holds (scheduler.py:489-515).
-        max_tokens = max(1, min(max_tokens, limit - len(prompt_ids)))
+        max_tokens = self._fitted_max_tokens(len(prompt_ids), max_tokens)
         request_id = uuid.uuid4().hex
         run = _Running(
             decode=self.model.new_request(request_id, prompt_ids, max_tokens, seed),
-            tokens=asyncio.Queue(), need_pages=math.ceil(
-                (len(prompt_ids) + max_tokens) / self.shape.page_size),
+            tokens=asyncio.Queue(), need_pages=self._pages_for(len(prompt_ids) + max_tokens),
             path=path, stream=stream, started_s=self.clock())
         self.waiting.append(run)
         self._wake.set()
@@ -376,14 +372,45 @@ class ReferenceEngine:
         try:
             while True:
                 token = await run.tokens.get()
+                if isinstance(token, AdmissionError):
+                    status, error = token.http_status, token.message
+                    raise token
                 if token is None:
                     break
                 yield token
         except BaseException:
-            status, error = 499, "client disconnected"
+            if status == 200:
+                status, error = 499, "client disconnected"
             raise
         finally:
             self._forget(run, status, error)
+
+    def _fitted_max_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
+        """Admission against the live context: a prompt it cannot hold is refused, and
+        max_tokens is clipped to what is left, as ft serve does (scheduler.py:489-515)."""
+        limit = self.max_seq_len()
+        if prompt_tokens >= limit:
+            raise AdmissionError(400, f"prompt is too long: {prompt_tokens} tokens, the "
+                                      f"context holds {limit}", code="context_length_exceeded")
+        return max(1, min(max_tokens, limit - prompt_tokens))
+
+    def _pages_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.shape.page_size)
+
+    def _readmit_waiting(self) -> None:
+        """Admission again for the requests still waiting, against the geometry a rebuild
+        left: one admitted before a KV shrink would otherwise wait at the head of the FIFO
+        for pages that no longer exist, and every request behind it with it."""
+        for run in list(self.waiting):
+            prompt_tokens = len(run.decode.prompt_ids)
+            try:
+                run.decode.max_tokens = self._fitted_max_tokens(prompt_tokens,
+                                                                run.decode.max_tokens)
+            except AdmissionError as exc:
+                self.waiting.remove(run)
+                run.tokens.put_nowait(exc)
+                continue
+            run.need_pages = self._pages_for(prompt_tokens + run.decode.max_tokens)
 
     def _forget(self, run: _Running, status: int, error: str | None) -> None:
         rid = run.decode.request_id
@@ -611,6 +638,7 @@ class ReferenceEngine:
         # The pools left freed chunks in torch's cache for the rebuild's next steps (pools.py).
         self.memory.release_to_driver()
         self.state = "failed" if latch else "serving"
+        self._readmit_waiting()
         result = self._finish(job.request_id, status, error, http_status)
         self._emit("rebuild_finished", (job, status, self.clock() - job.started_s))
         if not job.done.done():

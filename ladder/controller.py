@@ -116,6 +116,10 @@ class ServerController:
         self._pending_since_s = 0.0
         # Called with each new page of the server's request log (the gate learns from it).
         self.request_log_listeners: list[Callable[[Sequence[RequestEntry]], object]] = []
+        # KV tokens of the requests the gate forwarded and the server has not answered
+        # (`Gate.forwarded_kv_tokens`); with no gate, only the server's used pages count.
+        self.forwarded_kv_tokens: Callable[[], int] = lambda: 0
+        self.used_kv_tokens = 0
 
     # ---- the gate's CapacityController protocol -----------------------------------------
 
@@ -206,7 +210,10 @@ class ServerController:
             if entry.prompt_tokens is not None:
                 self.request_sizes.append(entry.prompt_tokens + (entry.completion_tokens or 0))
         page = status.shape.page_size
-        self.live_kv_tokens = (stats.kv.used_pages * page) if stats.kv is not None else 0
+        self.used_kv_tokens = (stats.kv.used_pages * page) if stats.kv is not None else 0
+        # Read in this synchronous tail of observe(), after the last await: a request the
+        # gate forwards later found no transition running, or finds this tick's one and waits.
+        self.live_kv_tokens = max(self.used_kv_tokens, self.forwarded_kv_tokens())
         self.active_requests = stats.requests_active or 0
         if (self.pending_kv_tokens and self.capacity_tokens() >= self.pending_kv_tokens
                 and now - self._pending_since_s > _PENDING_GRACE_S):
@@ -330,7 +337,8 @@ class ServerController:
             "policy": self.policy_name, "rung": self.rung,
             "geometry": None if self.status is None else self.status.geometry.to_json(),
             "state": None if self.status is None else self.status.state,
-            "live_kv_tokens": self.live_kv_tokens, "pending_kv_tokens": self.pending_kv_tokens,
+            "live_kv_tokens": self.live_kv_tokens, "used_kv_tokens": self.used_kv_tokens,
+            "pending_kv_tokens": self.pending_kv_tokens,
             "active_requests": self.active_requests, "decode_tps": self.decode_tps,
             "ladder": [] if ladder is None else [r.to_json() for r in ladder.rungs],
             "dropped_rungs": [] if ladder is None else [

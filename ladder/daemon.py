@@ -178,6 +178,7 @@ def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
                         settings=GateSettings(tokenizer_path=server.tokenizer_path),
                         session=session)
             controller.request_log_listeners.append(gate.observe_request_log)
+            controller.forwarded_kv_tokens = gate.forwarded_kv_tokens
             gates[server.name] = gate
     return Daemon(config, controllers, gates, metrics, session)
 

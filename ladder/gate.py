@@ -30,9 +30,10 @@ Decisions:
   refused for non-loopback peers, since through the proxy every caller would look local.
   Binding is the caller's choice; the daemon binds 127.0.0.1 by default.
 
-Concurrency caveat: `capacity_tokens` is a per-sequence limit; the KV pool is shared, so many
-long requests at once can still queue inside the server. The gate guarantees admission, not
-that all of them run at the same time.
+Concurrency: `capacity_tokens` is a per-sequence limit and the KV pool is shared, so several
+long requests at once may queue inside the server. The gate guarantees admission, not that all
+of them run at the same time; what it forwarded and the server has not answered counts as live
+demand (`forwarded_kv_tokens`), so the controller never shrinks the pool under a queued one.
 """
 
 from __future__ import annotations
@@ -309,6 +310,7 @@ class Gate:
         self._records: deque[ForwardRecord] = deque(maxlen=_MAX_RECORDS)
         self._observations: deque[Observation] = deque(maxlen=self._settings.observation_window)
         self._forwarded_total = 0
+        self._forwarded_now_tokens = 0
         self._held_total = 0
         self._held_now = 0
         self._hold_seconds_sum = 0.0
@@ -336,6 +338,16 @@ class Gate:
             refused_total=MappingProxyType(dict(self._refused)),
             letter_tokens_per_byte=self._bound.letter_tokens_per_byte,
         )
+
+    def forwarded_kv_tokens(self) -> int:
+        """Prompt + max_tokens of every sized request forwarded and not yet answered.
+
+        The server may hold these without any KV page yet: queued behind its running
+        requests, or admitted by a server that grows pages as it decodes. A controller that
+        counted only used pages could shrink the pool under them; a request queued for a
+        context the server no longer has waits there (or is clipped) instead of running.
+        """
+        return self._forwarded_now_tokens
 
     def observe_request_log(self, entries: Sequence[RequestEntry]) -> int:
         """Tighten the bound from new `/v1/requests` entries; returns how many were matched.
@@ -451,7 +463,13 @@ class Gate:
         try:
             while True:
                 await self._hold(request.path, target, deadline, hold)
-                result = await self._forward(request, body, generation=(size, stream))
+                # Counted in the same synchronous step as the fit check that let it go, so
+                # a controller deciding after the check sees it (see `forwarded_kv_tokens`).
+                self._forwarded_now_tokens += target or 0
+                try:
+                    result = await self._forward(request, body, generation=(size, stream))
+                finally:
+                    self._forwarded_now_tokens -= target or 0
                 if not isinstance(result, _RebuildRace):
                     return result
                 # A transition began between our check and the forward; the controller may

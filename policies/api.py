@@ -53,8 +53,10 @@ class LadderView:
 class Observation:
     """What the controller saw at `now_s` (monotonic seconds).
 
-    `live_kv_tokens`: KV held by running requests. `pending_kv_tokens`: the largest
-    prompt + max_tokens among requests waiting to be admitted (the gate's demand).
+    `live_kv_tokens`: KV the requests the server has accepted hold or will hold: the larger
+    of its used pages and, behind the gate, prompt + max_tokens of every request forwarded
+    and not yet answered (one queued inside the server has no page yet). `pending_kv_tokens`:
+    the largest prompt + max_tokens among requests the gate holds (its demand).
     `decode_tps_by_rung`: measured aggregate decode tokens/s per rung index, as
     (tokens/s, seconds measured). `recent_request_tokens`: sizes of finished requests,
     newest last.

@@ -243,6 +243,32 @@ async def test_context_limit_follows_kv_and_max_tokens_is_clipped(serve: Any) ->
     assert body["usage"]["completion_tokens"] == 128 - 100  # clipped, as ft serve does
 
 
+async def test_a_shrink_readmits_the_waiting_requests_against_the_new_context(
+        serve: Any) -> None:
+    # One request runs at a time, so the others wait in the FIFO while the KV pool shrinks
+    # from 1024 tokens to 512 under them (the running one keeps its 26 pages).
+    engine, client = await serve(small_config(max_running_requests=1))
+    running = asyncio.create_task(complete(client, words(10), 400))
+    while not engine.running:
+        await asyncio.sleep(0.001)
+    too_long = asyncio.create_task(client.post("/v1/completions", json={
+        "prompt": words(600), "max_tokens": 4}))
+    clipped = asyncio.create_task(complete(client, words(450), 100))
+    fits = asyncio.create_task(complete(client, words(20), 8))
+    while len(engine.waiting) < 3:
+        await asyncio.sleep(0.001)
+    assert running.done() is False  # the shrink happens while all three wait
+    resp = await client.post("/v1/cache/rebuild",
+                             json={"moe_cache_size": 32, "num_pages": 32, "num_mamba_slots": 4})
+    assert resp.status == 200, await resp.text()
+    refused = await too_long
+    assert refused.status == 400  # what it would have got had it arrived now
+    assert (await refused.json())["error"]["code"] == "context_length_exceeded"
+    assert (await clipped)["usage"]["completion_tokens"] == 512 - 450
+    assert (await fits)["usage"]["completion_tokens"] == 8  # not stuck behind the others
+    assert (await running)["usage"]["completion_tokens"] == 400  # its pages were kept
+
+
 async def test_long_prompt_bodies_are_read_not_refused_413(serve: Any) -> None:
     _, client = await serve(small_config())
     prompt = words(300_000)  # ~2 MB: a 200k-token agentic context is about 1.2 MB
