@@ -213,6 +213,21 @@ def build_trace(kind: str, n: int, *, seed: int = 0, scale: float = 1.0,
 
 # ---- measurement ----------------------------------------------------------------------------
 
+# A decode window shorter than this is one network read that carried several tokens, not
+# decode: a decode round of the reference engine takes several milliseconds on either device.
+# Such a request has no per-request rate (its tokens still count in the aggregate).
+MEASURED_WINDOW_S = 1e-3
+
+
+def _request_tps(decode_tokens: int, decode_s: float) -> float | None:
+    return decode_tokens / decode_s if decode_s >= MEASURED_WINDOW_S else None
+
+
+def _per_request_tps(rates: Sequence[float | None]) -> dict[str, float | None]:
+    measured = [t for t in rates if t is not None]
+    return {"per_request_tps_median": round(statistics.median(measured), 2) if measured else None,
+            "per_request_tps_mean": round(statistics.fmean(measured), 2) if measured else None}
+
 
 @dataclass
 class RequestRow:
@@ -248,7 +263,7 @@ class RequestRow:
 
     @property
     def decode_tps(self) -> float | None:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 else None
+        return _request_tps(self.decode_tokens, self.decode_s)
 
     def to_json(self) -> dict[str, Any]:
         tps = self.decode_tps
@@ -279,7 +294,6 @@ class ArmResult:
         served = [r for r in self.rows if not r.refused]
         tokens = sum(r.decode_tokens for r in served)
         seconds = sum(r.decode_s for r in served)
-        per_request = [t for r in served if (t := r.decode_tps) is not None]
         ttfts = [r.ttft_s for r in served if r.ttft_s is not None]
         lookups = self.hits + self.misses
         if self.free_transitions:
@@ -294,10 +308,7 @@ class ArmResult:
             "completion_tokens": sum(r.completion_tokens for r in served),
             "decode_tokens": tokens, "decode_s": round(seconds, 3),
             "decode_tps": round(tokens / seconds, 2) if seconds > 0 else 0.0,
-            "per_request_tps_median": round(statistics.median(per_request), 2)
-            if per_request else None,
-            "per_request_tps_mean": round(statistics.fmean(per_request), 2)
-            if per_request else None,
+            **_per_request_tps([r.decode_tps for r in served]),
             "ttft_median_s": round(statistics.median(ttfts), 4) if ttfts else None,
             "ttft_mean_s": round(statistics.fmean(ttfts), 4) if ttfts else None,
             "hit_rate": round(self.hits / lookups, 4) if lookups else None,
@@ -881,6 +892,7 @@ def _report(path: str, out: str | None, plot_path: str | None) -> int:
     try:
         doc = json.loads(Path(path).read_text())
         for run in doc["runs"].values():
+            _rerate_requests(run)
             run.update(_derived(run["arms"], run["per_request"], run.get("expert_copy_us")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"bench/ladder: cannot report {path}: {exc}", file=sys.stderr)
@@ -892,6 +904,17 @@ def _report(path: str, out: str | None, plot_path: str | None) -> int:
     if plot_path and not plot(doc, plot_path):
         print("bench/ladder: matplotlib is not installed; no plot", file=sys.stderr)
     return 0
+
+
+def _rerate_requests(run: dict[str, Any]) -> None:
+    """Each arm's per-request summary again, without the rates of windows shorter than
+    MEASURED_WINDOW_S (files written before that rule rated one network read as decode). A
+    row keeps its rate otherwise: it was taken from the unrounded window."""
+    for arm, rows in run["per_request"].items():
+        for row in rows:
+            if row["decode_s"] < MEASURED_WINDOW_S:
+                row["decode_tps"] = None
+        run["arms"][arm].update(_per_request_tps([row["decode_tps"] for row in rows]))
 
 
 def _ratio_cells(r: dict[str, float | None]) -> str:

@@ -234,3 +234,17 @@ def test_report_rederives_a_written_run(tmp_path: Path, capsys: pytest.CaptureFi
     assert again["common"]["requests"] == 3
     assert set(again["miss_model"]["arms"]) == {"static-full", "oracle"}
     assert bench.main(["--report", str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_window_of_one_network_read_has_no_per_request_rate() -> None:
+    row = bench.RequestRow(0, "chat-0", "chat", 20, 2, status=200, completion_tokens=2,
+                           decode_s=bench.MEASURED_WINDOW_S / 100)
+    assert row.decode_tps is None
+    run = {"per_request": {"a": [
+        {**row.to_json(), "decode_tps": 115593.6},  # as a file from before the rule has it
+        {**bench.RequestRow(1, "chat-1", "chat", 20, 11, status=200, completion_tokens=11,
+                            decode_s=0.5).to_json()}]},
+        "arms": {"a": {"per_request_tps_median": 57796.8, "per_request_tps_mean": 57796.8}}}
+    bench._rerate_requests(run)
+    assert [r["decode_tps"] for r in run["per_request"]["a"]] == [None, 20.0]
+    assert run["arms"]["a"] == {"per_request_tps_median": 20.0, "per_request_tps_mean": 20.0}
