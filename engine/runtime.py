@@ -364,7 +364,8 @@ class ReferenceEngine:
         request_id = uuid.uuid4().hex
         run = _Running(
             decode=self.model.new_request(request_id, prompt_ids, max_tokens, seed),
-            tokens=asyncio.Queue(), need_pages=self._pages_for(len(prompt_ids) + max_tokens),
+            tokens=asyncio.Queue(),
+            need_pages=self.shape.pages_for_tokens(len(prompt_ids) + max_tokens),
             path=path, stream=stream, started_s=self.clock())
         self.waiting.append(run)
         self._wake.set()
@@ -394,9 +395,6 @@ class ReferenceEngine:
                                       f"context holds {limit}", code="context_length_exceeded")
         return max(1, min(max_tokens, limit - prompt_tokens))
 
-    def _pages_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.shape.page_size)
-
     def _readmit_waiting(self) -> None:
         """Admission again for the requests still waiting, against the geometry a rebuild
         left: one admitted before a KV shrink would otherwise wait at the head of the FIFO
@@ -410,7 +408,7 @@ class ReferenceEngine:
                 self.waiting.remove(run)
                 run.tokens.put_nowait(exc)
                 continue
-            run.need_pages = self._pages_for(prompt_tokens + run.decode.max_tokens)
+            run.need_pages = self.shape.pages_for_tokens(prompt_tokens + run.decode.max_tokens)
 
     def _forget(self, run: _Running, status: int, error: str | None) -> None:
         rid = run.decode.request_id

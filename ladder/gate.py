@@ -465,11 +465,12 @@ class Gate:
                 await self._hold(request.path, target, deadline, hold)
                 # Counted in the same synchronous step as the fit check that let it go, so
                 # a controller deciding after the check sees it (see `forwarded_kv_tokens`).
-                self._forwarded_now_tokens += target or 0
+                committed = target or 0
+                self._forwarded_now_tokens += committed
                 try:
                     result = await self._forward(request, body, generation=(size, stream))
                 finally:
-                    self._forwarded_now_tokens -= target or 0
+                    self._forwarded_now_tokens -= committed
                 if not isinstance(result, _RebuildRace):
                     return result
                 # A transition began between our check and the forward; the controller may
