@@ -21,16 +21,13 @@ from engine.server import make_app
 from ladder.config import merge
 from ladder.daemon import build_daemon
 from ladder.demo import demo_engine_config
-
-
-def _words(n: int) -> str:
-    return " ".join(f"w{i % 4000}" for i in range(n))
+from tests.engine.test_server import words
 
 
 async def _complete(session: aiohttp.ClientSession, url: str, prompt_words: int,
                     max_tokens: int) -> tuple[int, int]:
     async with session.post(f"{url}/v1/completions", json={
-            "prompt": _words(prompt_words), "max_tokens": max_tokens}) as resp:
+            "prompt": words(prompt_words), "max_tokens": max_tokens}) as resp:
         body = await resp.json()
         return resp.status, body.get("usage", {}).get("completion_tokens", 0)
 
@@ -73,7 +70,8 @@ async def test_a_request_queued_inside_the_server_keeps_its_rung(
         while not engine.waiting:
             await asyncio.sleep(0.005)
         assert gate.stats().held_now == 0  # both fit the live rung: forwarded, not held
-        assert engine.kv.used_pages * 16 < 5008  # the queued one holds no page yet
+        # The queued one holds no page yet.
+        assert engine.kv.used_pages * engine.shape.page_size < 5008
         await controller.tick()
         # Counting only used pages, the pin would step down to a rung under 5,008 tokens
         # and the queued request would be refused for a context it was admitted against.
