@@ -1,8 +1,13 @@
 """What a geometry costs in bytes, and how many bytes the pools may hold at any instant.
 
-The engine's fit-check prices only usable units; the memory really held also includes the KV
-dummy page and the mamba sink slot (ftserve-control-plane.md §1.3, §2.1), so the planner prices
-physical bytes: a plan that fits here fits in the engine's own check too.
+Two prices, because they are different facts. The memory really held (`total_bytes`) includes
+the KV dummy page and the mamba sink slot beyond the usable counts; the planner prices every
+instant with it. ft serve's rebuild fit-check (`fit_check_bytes`) counts the sink slot
+(`target_mamba = num_mamba_slots + 1`) but not the dummy page, and its boot sizes KV from a
+free-memory reading rather than from `cache_budget_bytes`, so a server booted without
+`--num-tokens` holds a page or more above the budget from its first second. Those bytes exist,
+so an instant at or below what the live geometry holds is as safe as now (`ceiling_bytes`);
+only bytes above it must fit the budget.
 """
 
 from __future__ import annotations
@@ -90,6 +95,34 @@ class MemoryModel:
 
     def fits(self, geometry: Geometry) -> bool:
         return self.total_bytes(geometry) <= self.budget_bytes
+
+    def ceiling_bytes(self, live: Geometry) -> int:
+        """The most any instant of a transition from `live` may hold: the budget, or what the
+        live geometry already holds when that is more (those bytes are proven to exist)."""
+        return max(self.budget_bytes, self.total_bytes(live))
+
+    def over_budget_bytes(self, live: Geometry) -> int:
+        """How far the live geometry is above the budget; 0 when it fits."""
+        return max(0, self.total_bytes(live) - self.budget_bytes)
+
+    def fit_check_bytes(self, geometry: Geometry) -> int:
+        """What the engine's own fit-check prices: the dummy KV page is not counted, the mamba
+        sink slot is (engine.py:780-806), and so are the fixed costs it adds."""
+        dummy = self.engine.dummy_kv_pages if geometry.num_pages else 0
+        return self.total_bytes(geometry) - dummy * self.kv_bytes_per_page + self.fixed_bytes
+
+    def engine_accepts(self, geometry: Geometry) -> bool:
+        """Whether the engine's fit-check lets a call end at `geometry` (else: `rejected`)."""
+        return self.fit_check_bytes(geometry) <= self.cache_budget_bytes
+
+    def boot_kv_pages(self, *, moe_slots: int, mamba_slots: int, drift_bytes: int = 0) -> int:
+        """Usable KV pages ft serve's boot gives KV without `--num-tokens` (engine.py:343-345,
+        `solve_num_pages`): what its budget leaves beside the experts and the physical GDN
+        pool, over the bytes per page, the dummy page not counted. Its budget is a free-memory
+        reading, `drift_bytes` off `cache_budget_bytes` (the report's boot: +2 MiB)."""
+        available = (self.cache_budget_bytes + drift_bytes - self.fixed_bytes
+                     - self.moe_bytes(moe_slots) - self.mamba_bytes(mamba_slots))
+        return max(1, available // self.kv_bytes_per_page)
 
     def max_moe_slots(self, *, kv_pages: int, mamba_slots: int, swa_pages: int = 0) -> int:
         """Most expert slots that fit beside the given KV and mamba pools (capped at E*L)."""

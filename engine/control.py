@@ -124,14 +124,13 @@ def _gib(nbytes: int) -> str:
 
 
 def fit_check_error(target: Geometry, model: MemoryModel) -> str | None:
-    """ft serve's fit-check: usable units only, final geometry only (base.py:83-117)."""
-    u = model.units
-    need = (target.moe_cache_size * u.moe_per_expert
-            + target.num_pages * model.shape.page_size * u.kv_per_token
-            + target.num_mamba_slots * u.mamba_per_slot)
-    budget = model.cache_budget_bytes - model.fixed_bytes
-    if need <= budget:
+    """ft serve's fit-check on the final geometry only (base.py:83-117): usable KV pages, and
+    the GDN pool at its physical size (sink included) taken off the budget, as it words it."""
+    if model.engine_accepts(target):
         return None
+    state = model.mamba_bytes(target.num_mamba_slots) + model.fixed_bytes
+    need = model.fit_check_bytes(target) - state
+    budget = model.cache_budget_bytes - state
     return (f"requested cache (moe={target.moe_cache_size} slots, kv={target.num_pages} pages, "
             f"mamba={target.num_mamba_slots} slots) needs {_gib(need)} > budget {_gib(budget)}; "
             "old cache kept, still serving")

@@ -9,6 +9,13 @@ all shrinks, then all grows), preferring calls that leave KV and mamba alone, be
 also wipe ft serve's prefix cache. The reference engine orders free-first inside one call, so
 its plans are a single call whose instants are the chunk phases.
 
+Safety rule: no instant may hold more than `MemoryModel.ceiling_bytes(start)`, the budget or
+what the live geometry already holds when that is more. ft serve booted without `--num-tokens`
+sizes KV from a free-memory reading and lands a little above `cache_budget_bytes`; those bytes
+exist, so shrinking from there is as safe as standing still, and growing needs the budget.
+Every call must also end where the engine's own fit-check accepts it, or ft serve answers
+`rejected`.
+
 Pure: no I/O, no clock.
 """
 
@@ -71,12 +78,21 @@ class Plan:
     peak_bytes: int
     single_call_peak_bytes: int
     reason: str
+    live_bytes: int
+    ceiling_bytes: int
+
+    @property
+    def live_over_budget_bytes(self) -> int:
+        return max(0, self.live_bytes - self.budget_bytes)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "feasible": self.feasible,
             "engine": self.engine,
             "budget_bytes": self.budget_bytes,
+            "live_bytes": self.live_bytes,
+            "live_over_budget_bytes": self.live_over_budget_bytes,
+            "ceiling_bytes": self.ceiling_bytes,
             "from": self.start.to_json(),
             "to": self.target.to_json(),
             "steps": [step.to_json() for step in self.steps],
@@ -116,8 +132,9 @@ def call_instants(model: MemoryModel, before: Geometry, after: Geometry) -> tupl
     ft serve: while pool p is reallocated the card holds the new size of the pools before it,
     p's new size, and the old size of the pools after it. The reference engine releases the
     chunks of every shrinking pool first, then adds chunks to the growing ones; totals move
-    monotonically inside each phase, except that re-chunking a partial last chunk briefly
-    holds one chunk more, so each phase is priced at its larger end plus one chunk.
+    monotonically inside each phase. A shrink cuts a partial last chunk through host memory,
+    so its phase never exceeds its start; a grow copies a partial tail into a larger chunk
+    and briefly holds both, so a grow phase is priced at its end plus one chunk.
     """
     changed = [p for p in POOL_ORDER if _size(before, p) != _size(after, p)]
     instants = [Instant("start", model.total_bytes(before))]
@@ -132,11 +149,10 @@ def call_instants(model: MemoryModel, before: Geometry, after: Geometry) -> tupl
         verb = "freed to" if _size(after, pool) < _size(before, pool) else "allocated at"
         total = model.total_bytes(current)
         if model.engine.kind == "reference":
-            # Re-chunking a partial tail chunk holds its old and new copies for a moment: at
-            # most one chunk above the larger end of the phase.
-            pool_bytes = max(_bytes(model, previous, pool), _bytes(model, current, pool))
-            total = max(total, model.total_bytes(previous)) + min(model.engine.chunk_bytes,
-                                                                   pool_bytes)
+            if _size(after, pool) < _size(before, pool):
+                total = model.total_bytes(previous)
+            else:
+                total += min(model.engine.chunk_bytes, _bytes(model, current, pool))
         instants.append(
             Instant(f"{pool} {verb} {_describe(model, pool, _size(after, pool))}", total))
     return tuple(instants)
@@ -184,17 +200,22 @@ def validate_target(model: MemoryModel, start: Geometry, target: Geometry) -> st
                 f"num_mamba_slots {target.num_mamba_slots} is below the floor of "
                 f"{floors.mamba_slots} slots"
             )
-    budget = model.budget_bytes
-    start_bytes = model.total_bytes(start)
-    if start_bytes > budget:
-        return (
-            f"the live geometry already holds {start_bytes} B, over the budget of {budget} B; "
-            "no call can keep every instant within it"
-        )
+    ceiling = model.ceiling_bytes(start)
     target_bytes = model.total_bytes(target)
-    if target_bytes > budget:
-        return f"the target needs {target_bytes} B, over the budget of {budget} B"
+    if target_bytes > ceiling:
+        return f"the target needs {target_bytes} B, over {_ceiling_words(model, start)}"
+    if not model.engine_accepts(target):
+        return (f"the engine's fit-check would reject the target: it prices it at "
+                f"{model.fit_check_bytes(target)} B, over the cache budget of "
+                f"{model.cache_budget_bytes} B")
     return ""
+
+
+def _ceiling_words(model: MemoryModel, start: Geometry) -> str:
+    if model.over_budget_bytes(start):
+        return (f"the {model.ceiling_bytes(start)} B the live geometry holds "
+                f"(itself above the budget of {model.budget_bytes} B)")
+    return f"the budget of {model.budget_bytes} B"
 
 
 def _candidates(
@@ -217,27 +238,28 @@ def plan_transition(model: MemoryModel, start: Geometry, target: Geometry) -> Pl
         target.moe_cache_size, target.num_pages, target.num_mamba_slots, start.num_swa_pages
     )
     budget = model.budget_bytes
+    ceiling = model.ceiling_bytes(start)
     changed = tuple(p for p in POOL_ORDER if _size(start, p) != _size(target, p))
     start_bytes = model.total_bytes(start)
 
-    def refuse(reason: str, single: int) -> Plan:
-        return Plan(False, model.engine.kind, budget, start, target, (), 0, single, reason)
+    def plan(feasible: bool, steps: tuple[Step, ...], peak: int, single: int,
+             reason: str) -> Plan:
+        return Plan(feasible, model.engine.kind, budget, start, target, steps, peak, single,
+                    reason, start_bytes, ceiling)
 
     if not changed:
-        if start_bytes > budget:
-            return refuse(f"the live geometry holds {start_bytes} B, over the budget of {budget} B",
-                          start_bytes)
-        return Plan(True, model.engine.kind, budget, start, target, (), start_bytes, start_bytes,
-                    "already at the target")
+        return plan(True, (), start_bytes, start_bytes, "already at the target")
     single = _step(model, start, changed, target)
     reason = validate_target(model, start, target)
     if reason:
-        return refuse(reason, single.peak_bytes)
+        return plan(False, (), 0, single.peak_bytes, reason)
     safe = [steps for steps in _candidates(model, start, target, changed)
-            if all(step.peak_bytes <= budget for step in steps)]
+            if all(step.peak_bytes <= ceiling and model.engine_accepts(step.after)
+                   for step in steps)]
     if not safe:
-        return refuse("no sequence of calls keeps every instant within the budget",
-                      single.peak_bytes)
+        return plan(False, (), 0, single.peak_bytes,
+                    f"no sequence of calls keeps every instant within "
+                    f"{_ceiling_words(model, start)}")
     best = min(safe, key=lambda steps: (
         len(steps), sum(s.touches_kv for s in steps), max(s.peak_bytes for s in steps)))
     peak = max(s.peak_bytes for s in best)
@@ -247,6 +269,6 @@ def plan_transition(model: MemoryModel, start: Geometry, target: Geometry) -> Pl
         worst = max(single.instants, key=lambda i: i.total_bytes)
         why = (
             f"{len(best)} calls, shrinks first: one call would peak at {single.peak_bytes} B "
-            f"> budget {budget} B ({worst.what} while the other pools still hold their old size)"
+            f"> {ceiling} B ({worst.what} while the other pools still hold their old size)"
         )
-    return Plan(True, model.engine.kind, budget, start, target, best, peak, single.peak_bytes, why)
+    return plan(True, best, peak, single.peak_bytes, why)

@@ -6,16 +6,17 @@ for the pool's whole life, so page tables and slot maps stay valid while chunks 
 
 `resize` is what makes a rung change cheap and safe: a shrink first moves the live content of
 the chunks it releases into free units of the chunks it keeps (hot experts, live KV pages,
-running requests' states), then frees those chunks one at a time; a grow adds one chunk at a
+running requests' states), then frees those chunks one at a time, and cuts a live partial
+tail through host memory so the device never holds two copies; a grow adds one chunk at a
 time. A freed chunk goes back to torch's caching allocator, not the driver: the next chunk of
 the same rebuild reuses it without a device sync, and when a differently sized request cannot,
 torch releases its cache and retries before it reports an OOM, so caching never turns a fitting
 step into a failing one. The pools' owner hands the cache back to the driver
-(`DeviceMemory.release_to_driver`) once the whole resize is over. So a KV-to-experts
-conversion never holds more than the start total plus one chunk, and the pools keep serving in
-between: `resize_steps` does one chunk operation per `next()` and the other methods may run
-between steps. `reallocate` is the other
-execution model, ft serve's: drop everything, then allocate the new size, contents lost.
+(`DeviceMemory.release_to_driver`) once the whole resize is over. So a shrink never holds more
+than its start total, a KV-to-experts conversion never more than the start plus one chunk, and
+the pools keep serving in between: `resize_steps` does one chunk operation per `next()` and the
+other methods may run between steps. `reallocate` is the other execution model, ft serve's:
+drop everything, then allocate the new size, contents lost.
 
 Like ft serve, the KV pool keeps one dummy page (unit 0, never handed out; a padding target)
 beyond `num_pages`, and the state pool one sink slot (unit 0) beyond `num_slots`.
@@ -358,13 +359,24 @@ class _ChunkedPool:
             return
         started = time.perf_counter()
         if any(start <= u < target for u in self._used):
-            # Live content stays put: copy the kept units out, then free the old chunk.
-            chunk = self._alloc_chunk(keep)
-            chunk.copy_(self._chunks[-1][: keep * self.unit_bytes])
-            self._retired, self._chunks[-1] = self._chunks[-1], chunk
+            # Live content stays, staged through host memory so the device never holds the
+            # old and the new chunk at once: a shrink never exceeds its start total, which is
+            # what lets the planner send one from a geometry at or above its budget. All of
+            # it happens before the first yield, so no reader sees the chunk missing.
+            kept_bytes = keep * self.unit_bytes
+            staged = self._chunks[-1][:kept_bytes].to("cpu", copy=True)
+            self._physical = start
+            freed = self._event("free", self._release(self._chunks), started)
+            started = time.perf_counter()
+            self._chunks.append(self._memory.alloc(kept_bytes, tag=self.name))
             self._physical = target
-            yield self._event("alloc", keep * self.unit_bytes, started)
-            yield self._free_retired()
+            allocated = self._event("alloc", kept_bytes, started)
+            started = time.perf_counter()
+            self._chunks[-1].copy_(staged)
+            del staged
+            yield freed
+            yield allocated
+            yield self._event("move", kept_bytes, started)
             return
         # Nothing live here: free first, so even this step never exceeds the start total.
         self._limit = start

@@ -72,7 +72,10 @@ class EngineConfig:
     memory_ratio: float = 0.9
     cache_budget_bytes: int | None = None
     moe_cache_size: int = 128
-    num_pages: int = 256
+    # None: sized as ft serve boots without --num-tokens (`MemoryModel.boot_kv_pages`), which
+    # lands up to a page above the budget, plus `boot_drift_bytes` as its free-memory reading.
+    num_pages: int | None = 256
+    boot_drift_bytes: int = 0
     num_mamba_slots: int = 8
     max_running_requests: int = 4
     max_seq_len: int = 1 << 20
@@ -87,6 +90,8 @@ class EngineConfig:
             raise ValueError("memory_ratio must be in (0, 1]")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
+        if self.boot_drift_bytes and self.num_pages is not None:
+            raise ValueError("a boot drift applies only to KV sized at boot (--kv-tokens auto)")
 
 
 class AdmissionError(Exception):
@@ -187,9 +192,14 @@ class ReferenceEngine:
             self.memory, num_layers=spec.num_layers, num_experts=spec.num_experts,
             expert_bytes=spec.expert_bytes, num_slots=config.moe_cache_size,
             chunk_bytes=config.chunk_bytes)
+        num_pages = config.num_pages
+        if num_pages is None:
+            num_pages = self.memory_model.boot_kv_pages(
+                moe_slots=config.moe_cache_size, mamba_slots=config.num_mamba_slots,
+                drift_bytes=config.boot_drift_bytes)
         self.kv = PagedKVPool(self.memory, page_size=spec.page_size,
                               kv_bytes_per_token=spec.kv_bytes_per_token,
-                              num_pages=config.num_pages, chunk_bytes=config.chunk_bytes)
+                              num_pages=num_pages, chunk_bytes=config.chunk_bytes)
         self.states = StatePool(self.memory, state_bytes=spec.state_bytes,
                                 num_slots=config.num_mamba_slots, chunk_bytes=config.chunk_bytes)
         self.last_rebuild: dict[str, Any] | None = None

@@ -52,6 +52,14 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _kv_tokens(text: str) -> int | None:
+    return None if text == "auto" else _count(text)
+
+
+def _signed_bytes(text: str) -> int:
+    return -_bytes(text[1:]) if text.startswith("-") else _bytes(text)
+
+
 def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("where the geometry comes from")
     src.add_argument("--server", default=None, metavar="URL",
@@ -289,7 +297,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
         return 0
     width = max((len(i.name) for i in infos), default=4)
     for info in infos:
-        print(f"{info.name.ljust(width)}  {info.value}  ({info.distribution} {info.version})")
+        provider = " ".join(str(x) for x in (info.distribution, info.version) if x)
+        print(f"{info.name.ljust(width)}  {info.value}  ({provider or 'unknown distribution'})")
     return 0
 
 
@@ -332,7 +341,8 @@ def _engine_config(args: argparse.Namespace) -> Any:
             model=spec, device=args.device, device_memory_bytes=args.device_memory_bytes,
             memory_ratio=args.memory_ratio, cache_budget_bytes=args.cache_budget,
             moe_cache_size=args.moe_cache_size or spec.num_experts,
-            num_pages=-(-args.kv_tokens // spec.page_size),
+            num_pages=None if args.kv_tokens is None else -(-args.kv_tokens // spec.page_size),
+            boot_drift_bytes=args.boot_drift,
             num_mamba_slots=args.mamba_slots, max_running_requests=args.max_running_requests,
             max_seq_len=args.max_seq_len, rebuild_mode=args.rebuild_mode,
             chunk_bytes=args.chunk_bytes)
@@ -398,7 +408,12 @@ def _add_engine(sub: Any) -> None:
     pools = p.add_argument_group("initial geometry")
     pools.add_argument("--moe-cache-size", type=_count, default=0,
                        help="expert slots (default: one per expert)")
-    pools.add_argument("--kv-tokens", type=_count, default=16384, help="KV tokens (default 16k)")
+    pools.add_argument("--kv-tokens", type=_kv_tokens, default=16384, metavar="TOKENS|auto",
+                       help="KV tokens (default 16k); auto: fill what the budget leaves, as "
+                            "ft serve boots without --num-tokens (up to a page above the budget)")
+    pools.add_argument("--boot-drift", type=_signed_bytes, default=0, metavar="BYTES",
+                       help="with --kv-tokens auto: how far ft serve's free-memory reading "
+                            "lands from the budget, e.g. 2MiB or -2MiB (default 0)")
     pools.add_argument("--mamba-slots", type=_count, default=8, help="state slots (default 8)")
     pools.add_argument("--max-running-requests", type=int, default=4)
     pools.add_argument("--max-seq-len", type=_count, default=1 << 20,
@@ -489,7 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("policies", help="list the installed policies",
                        description="Policies found through the moe_ladder.policies entry "
-                                   "points, with the distribution that provides each.")
+                                   "points, with the distribution that provides each, then "
+                                   "the built-ins no installed metadata offers (a source "
+                                   "checkout), marked built-in.")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_policies)
 

@@ -268,4 +268,4 @@ async def apply_target(client: FtServeClient, target: Callable[[CacheStatus], Ge
 
 def _empty_plan() -> Plan:
     nothing = Geometry(0, 0, 0)
-    return Plan(False, "freetoken", 0, nothing, nothing, (), 0, 0, "nothing was planned")
+    return Plan(False, "freetoken", 0, nothing, nothing, (), 0, 0, "nothing was planned", 0, 0)

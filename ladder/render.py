@@ -36,6 +36,10 @@ def render_pools(status: CacheStatus, model: MemoryModel, ranges: Sequence[PoolR
     pools = model.pool_bytes(g)
     lines = [f"state={status.state}, {format_bytes(pools.total)} allocated "
              f"(budget {format_bytes(model.budget_bytes)}, engine {status.engine.name})"]
+    over = model.over_budget_bytes(g)
+    if over:
+        lines.append(f"live geometry is {format_bytes(over)} ({over} B) above the budget, as ft "
+                     "serve boots without --num-tokens: shrinks are safe, grows must fit")
     by_pool = {r.pool: r for r in ranges}
     rows = [["pool", "size", "vram", "reachable now", "after shrinking others",
              "advertised"]]
@@ -44,7 +48,8 @@ def render_pools(status: CacheStatus, model: MemoryModel, ranges: Sequence[PoolR
         r = by_pool[pool]
         rows.append([pool, size, format_bytes(nbytes),
                      f"{r.minimum}..{r.max_keeping_others}",
-                     f"{r.minimum}..{r.max_with_others_at_floor}",
+                     ("none" if r.max_with_others_at_floor is None
+                      else f"{r.minimum}..{r.max_with_others_at_floor}"),
                      f"{r.minimum}..{r.advertised_max}"])
 
     if shape.max_expert_slots:
@@ -81,6 +86,11 @@ def render_plan(plan: Plan, model: MemoryModel) -> str:
     lines = [f"plan ({plan.engine}): {geometry_line(model, plan.start)}  ->  "
              f"{geometry_line(model, plan.target)}",
              f"budget {format_bytes(budget)} ({budget} B)"]
+    over = plan.live_over_budget_bytes
+    if over:
+        lines.append(f"live geometry holds {format_bytes(plan.live_bytes)} ({plan.live_bytes} B), "
+                     f"{format_bytes(over)} ({over} B) above the budget: no instant may exceed "
+                     f"what it holds, and a grow must fit the budget")
     if plan.steps:
         rows = [["step", "body", "peak", "after"]]
         for n, step in enumerate(plan.steps, 1):
@@ -89,9 +99,10 @@ def render_plan(plan: Plan, model: MemoryModel) -> str:
                          geometry_line(model, step.after)])
         lines += _table(rows)
     single = plan.single_call_peak_bytes
-    verdict = ("fits" if single <= budget
-               else f"over the budget by {format_bytes(single - budget)}: "
-                    "it can OOM and roll back")
+    ceiling = plan.ceiling_bytes
+    verdict = ("fits" if single <= ceiling
+               else f"over {'the live bytes' if over else 'the budget'} by "
+                    f"{format_bytes(single - ceiling)}: it can OOM and roll back")
     lines.append(f"as one call: peak {format_bytes(single)} ({single} B), {verdict}")
     lines.append(("feasible: " if plan.feasible else "infeasible: ") + plan.reason)
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -195,12 +195,13 @@ def build_ladder(model: MemoryModel, live: Geometry, spec: LadderSpec) -> Ladder
 
 @dataclass(frozen=True, slots=True)
 class PoolRange:
-    """How far one pool can be resized live, honestly.
+    """How far one pool can be resized live, honestly: every size in range is one `plan` sends.
 
-    `max_keeping_others`: the largest size with the other pools as they are (one call).
-    `max_with_others_at_floor`: the largest size once the other pools shrink to their floors,
-    which the planner reaches safely (shrinks first). `advertised_max` is the engine's own
-    single-pool `limits.*.max`, which ignores the other pools.
+    `max_keeping_others`: the largest size with the other pools as they are (at least the
+    current size: standing still is always plannable). `max_with_others_at_floor`: the largest
+    size once the other pools shrink to their floors, which the planner reaches safely (shrinks
+    first); None when not even the floors are plannable. `advertised_max` is the engine's own
+    single-pool `limits.*.max`, which ignores the other pools. KV sizes are in tokens.
     """
 
     pool: str
@@ -208,36 +209,78 @@ class PoolRange:
     minimum: int
     current: int
     max_keeping_others: int
-    max_with_others_at_floor: int
+    max_with_others_at_floor: int | None
     advertised_max: int
 
 
+_SIZE_FIELD = {"moe": "moe_cache_size", "kv": "num_pages", "mamba": "num_mamba_slots"}
+
+
+def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest n in [lo, hi] with ok(n), given ok holds on a prefix of the range."""
+    if lo > hi or not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _largest_plannable(model: MemoryModel, live: Geometry, base: Geometry, pool: str,
+                       floor: int, cap: int) -> int | None:
+    """The largest size of `pool` on top of `base` that `plan_transition` from `live` accepts.
+
+    Plannable sizes are two prefixes: shrinks below the live size (smaller always costs less)
+    and grows above it (feasible up to the first that no longer fits), so two binary searches
+    find the answer without planning every size.
+    """
+    current = int(getattr(live, _SIZE_FIELD[pool]))
+
+    def ok(size: int) -> bool:
+        return plan_transition(model, live, base.with_sizes(**{_SIZE_FIELD[pool]: size})).feasible
+
+    grown = _largest(current + 1, cap, ok)
+    if grown is not None:
+        return grown
+    if current <= cap and ok(current):
+        return current
+    return _largest(floor, min(current - 1, cap), ok)
+
+
 def reachable_ranges(model: MemoryModel, live: Geometry, limits: Limits) -> tuple[PoolRange, ...]:
+    """Per pool, the sizes `plan` would send from `live` (see `PoolRange`)."""
     shape, floors = model.shape, model.floors
-    swa = live.num_swa_pages
-    moe_floor = floors.moe_slots if shape.max_expert_slots else live.moe_cache_size
-    kv_floor_pages = max(1, math.ceil(floors.kv_tokens / shape.page_size))
-    mamba_floor = floors.mamba_slots if shape.has_mamba else 0
-    ranges = []
-    if shape.max_expert_slots:
-        ranges.append(PoolRange(
-            "moe", "slots", floors.moe_slots, live.moe_cache_size,
-            model.max_moe_slots(kv_pages=live.num_pages, mamba_slots=live.num_mamba_slots,
-                                swa_pages=swa),
-            model.max_moe_slots(kv_pages=kv_floor_pages, mamba_slots=mamba_floor, swa_pages=swa),
-            limits.moe_experts_max))
     page = shape.page_size
-    ranges.append(PoolRange(
-        "kv", "tokens", floors.kv_tokens, live.num_pages * page,
-        page * model.max_kv_pages(moe_slots=live.moe_cache_size,
-                                  mamba_slots=live.num_mamba_slots, swa_pages=swa),
-        page * model.max_kv_pages(moe_slots=moe_floor, mamba_slots=mamba_floor, swa_pages=swa),
-        limits.kv_tokens_max))
+    floor_sizes = {
+        "moe": floors.moe_slots if shape.max_expert_slots else live.moe_cache_size,
+        "kv": max(1, math.ceil(floors.kv_tokens / page)),
+        "mamba": floors.mamba_slots if shape.has_mamba else live.num_mamba_slots,
+    }
+    # The planner caps KV at nothing but the budget; the budget caps it at what fits alone.
+    caps = {"moe": shape.max_expert_slots,
+            "kv": max(live.num_pages, model.max_kv_pages(
+                moe_slots=0, mamba_slots=0, swa_pages=live.num_swa_pages)),
+            "mamba": max(live.num_mamba_slots, model.max_mamba_slots(
+                moe_slots=0, kv_pages=0, swa_pages=live.num_swa_pages))}
+    pools = []
+    if shape.max_expert_slots:
+        pools.append(("moe", "slots", floors.moe_slots, limits.moe_experts_max))
+    pools.append(("kv", "tokens", floors.kv_tokens, limits.kv_tokens_max))
     if shape.has_mamba:
+        pools.append(("mamba", "slots", floors.mamba_slots, limits.mamba_slots_max))
+    ranges = []
+    for pool, unit, minimum, advertised in pools:
+        scale = page if pool == "kv" else 1
+        at_floor = live.with_sizes(**{_SIZE_FIELD[p]: floor_sizes[p] for p in _SIZE_FIELD
+                                      if p != pool})
+        keeping = _largest_plannable(model, live, live, pool, floor_sizes[pool], caps[pool])
+        lowered = _largest_plannable(model, live, at_floor, pool, floor_sizes[pool], caps[pool])
+        current = int(getattr(live, _SIZE_FIELD[pool]))
         ranges.append(PoolRange(
-            "mamba", "slots", floors.mamba_slots, live.num_mamba_slots,
-            model.max_mamba_slots(moe_slots=live.moe_cache_size, kv_pages=live.num_pages,
-                                  swa_pages=swa),
-            model.max_mamba_slots(moe_slots=moe_floor, kv_pages=kv_floor_pages, swa_pages=swa),
-            limits.mamba_slots_max))
+            pool, unit, minimum, current * scale,
+            (current if keeping is None else keeping) * scale,
+            None if lowered is None else lowered * scale, advertised))
     return tuple(ranges)

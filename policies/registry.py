@@ -3,8 +3,9 @@
 Resolving duplicate entry-point names is the consumer's job (PyPA spec); pkg_resources' "first
 on sys.path wins" confused users, so two distributions offering one name is an error that
 names both. A value with ":" is imported directly, without any install: handy while
-developing a policy or in a bench script. Entry points exist only in installed metadata, so a
-new built-in needs `pip install -e .` before it can be found by name.
+developing a policy or in a bench script. Entry points exist only in installed metadata, so
+the built-ins are also found through `BUILTINS` when no entry point has their name: `ladder
+run` from a source checkout (`python -m ladder.cli`, no `pip install`) still finds `headroom`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from policies.api import Policy, PolicyFactory
 
 __all__ = [
+    "BUILTINS",
     "GROUP",
     "DuplicatePolicyError",
     "PolicyInfo",
@@ -28,6 +30,13 @@ __all__ = [
 ]
 
 GROUP = "moe_ladder.policies"
+# The same table as pyproject's entry points (a test keeps them equal).
+BUILTINS = {
+    "headroom": "policies.headroom:Headroom",
+    "pinned": "policies.pinned:Pinned",
+    "throughput": "policies.throughput:Throughput",
+}
+BUILTIN_DISTRIBUTION = "built-in"
 
 
 class PolicyLoadError(ValueError):
@@ -58,6 +67,14 @@ def _entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
                         key=lambda ep: (ep.name, ep.value)))
 
 
+def _builtins_not_installed(
+    eps: tuple[importlib.metadata.EntryPoint, ...],
+) -> list[importlib.metadata.EntryPoint]:
+    installed = {ep.name for ep in eps}
+    return [importlib.metadata.EntryPoint(name=name, value=value, group=GROUP)
+            for name, value in sorted(BUILTINS.items()) if name not in installed]
+
+
 def _info(ep: importlib.metadata.EntryPoint) -> PolicyInfo:
     dist = ep.dist
     return PolicyInfo(ep.name, ep.value, None if dist is None else dist.name,
@@ -65,8 +82,12 @@ def _info(ep: importlib.metadata.EntryPoint) -> PolicyInfo:
 
 
 def installed_policies() -> list[PolicyInfo]:
-    """Every entry point in the group, duplicates included (a listing should show them)."""
-    return [_info(ep) for ep in _entry_points()]
+    """Every entry point in the group, duplicates included (a listing should show them), then
+    the built-ins no installed metadata offers, with `distribution` "built-in"."""
+    eps = _entry_points()
+    builtins = [PolicyInfo(ep.name, ep.value, BUILTIN_DISTRIBUTION, None)
+                for ep in _builtins_not_installed(eps)]
+    return [_info(ep) for ep in eps] + builtins
 
 
 def _provider(info: PolicyInfo) -> str:
@@ -78,7 +99,9 @@ def _find(name: str) -> importlib.metadata.EntryPoint:
     eps = _entry_points()
     matches = [ep for ep in eps if ep.name == name]
     if not matches:
-        names = sorted({ep.name for ep in eps})
+        matches = [ep for ep in _builtins_not_installed(eps) if ep.name == name]
+    if not matches:
+        names = sorted({ep.name for ep in eps} | set(BUILTINS))
         raise UnknownPolicyError(
             f"no policy named {name!r}; installed: {', '.join(names) or 'none'} "
             f"(or name one as module:attr)")

@@ -141,13 +141,45 @@ def test_refusals_carry_the_reason(target: Geometry, words: str) -> None:
     assert plan.steps == ()
 
 
-def test_live_geometry_over_budget_is_refused() -> None:
+def test_from_an_over_budget_live_geometry_shrinks_are_safe_and_grows_must_fit() -> None:
     model, _ = report_model()
     over = Geometry(1843, 4096, 8)
-    assert model.total_bytes(over) > model.budget_bytes
-    plan = plan_transition(model, over, Geometry(512, 4096, 8))
-    assert not plan.feasible
-    assert "live geometry" in plan.reason
+    live_bytes = model.total_bytes(over)
+    assert live_bytes > model.budget_bytes
+    shrink = plan_transition(model, over, Geometry(512, 4096, 8))
+    assert shrink.feasible, shrink.reason
+    assert [dict(s.body) for s in shrink.steps] == [{"moe_cache_size": 512}]
+    assert shrink.peak_bytes == live_bytes == shrink.ceiling_bytes
+    assert shrink.live_over_budget_bytes == live_bytes - model.budget_bytes
+    # A boot a few experts above the budget (ft serve without --num-tokens) onto a geometry
+    # that fits: shrinks first, and the grow lands within the budget.
+    boot = Geometry(model.max_moe_slots(kv_pages=4096, mamba_slots=8) + 3, 4096, 8)
+    assert model.total_bytes(boot) > model.budget_bytes
+    onto = plan_transition(model, boot, Geometry(1374, 512, 8))
+    assert onto.feasible, onto.reason
+    assert [dict(s.body) for s in onto.steps] == [{"num_pages": 512}, {"moe_cache_size": 1374}]
+    state = boot.to_json()
+    for step in onto.steps:
+        assert simulate_call(model, state, dict(step.body)) == step.peak_bytes
+        state = {**state, **step.body}
+    assert onto.steps[0].peak_bytes == model.total_bytes(boot)
+    assert onto.steps[1].peak_bytes <= model.budget_bytes
+    # Any byte above what the live geometry holds must fit the budget: it does not here.
+    grow = plan_transition(model, over, Geometry(1844, 4096, 8))
+    assert not grow.feasible
+    assert "the live geometry holds" in grow.reason
+    assert plan_transition(model, over, over).feasible
+
+
+def test_a_shrink_the_engines_fit_check_rejects_is_not_sent() -> None:
+    # ft serve rejects a call whose final geometry is over its cache budget, even a shrink.
+    model, _ = report_model()
+    over = Geometry(1843, 4096, 8)
+    target = Geometry(1842, 4096, 8)
+    assert not model.engine_accepts(target)
+    plan = plan_transition(model, over, target)
+    assert not plan.feasible and plan.steps == ()
+    assert "fit-check would reject" in plan.reason
 
 
 def test_noop_and_json_contract() -> None:
@@ -156,7 +188,8 @@ def test_noop_and_json_contract() -> None:
     assert plan.feasible and plan.steps == ()
     doc = json.loads(json.dumps(plan_transition(model, live, Geometry(1024, 1024, 8)).to_json()))
     assert set(doc) >= {"feasible", "engine", "budget_bytes", "from", "to", "steps",
-                        "peak_bytes", "single_call_peak_bytes", "reason"}
+                        "peak_bytes", "single_call_peak_bytes", "reason", "live_bytes",
+                        "live_over_budget_bytes", "ceiling_bytes"}
     assert set(doc["from"]) == {"moe_cache_size", "num_pages", "num_mamba_slots"}
     assert set(doc["steps"][0]) >= {"body", "peak_bytes", "after"}
 
@@ -250,8 +283,42 @@ def test_infeasible_answers_always_carry_a_reason(
                            max(1, model.cache_budget_bytes - cut))
     plan = plan_transition(squeezed, live, wild)
     if plan.feasible:
-        assert plan.peak_bytes <= squeezed.budget_bytes
-        assert squeezed.total_bytes(wild) <= squeezed.budget_bytes
+        # Nothing above what the live geometry holds unless it fits the budget, and every
+        # call ends where the engine's fit-check accepts it.
+        ceiling = max(squeezed.budget_bytes, squeezed.total_bytes(live))
+        assert plan.peak_bytes <= ceiling
+        assert squeezed.total_bytes(wild) <= ceiling
+        assert all(squeezed.engine_accepts(step.after) for step in plan.steps)
     else:
         assert plan.reason
         assert plan.steps == ()
+
+
+@given(scenarios(), st.sampled_from(["freetoken", "reference"]), st.integers(0, 10 ** 10))
+def test_a_pure_shrink_is_one_call_from_any_live_geometry(
+    case: tuple[MemoryModel, Geometry, Geometry], engine: str, cut: int
+) -> None:
+    # Whatever the live geometry holds, above the budget or not, every pool shrinking is one
+    # call that never holds more than now, unless the engine's fit-check rejects its end.
+    model, live, target = case
+    engine_model = (EngineModel("reference", "ref", chunk_bytes=1 << 21,
+                                serves_while_rebuilding=True)
+                    if engine == "reference" else EngineModel("freetoken", "ft serve"))
+    squeezed = MemoryModel(model.shape, model.units, model.floors, engine_model,
+                           max(1, model.cache_budget_bytes - cut))
+    shrunk = Geometry(min(live.moe_cache_size, target.moe_cache_size),
+                      min(live.num_pages, target.num_pages),
+                      min(live.num_mamba_slots, target.num_mamba_slots))
+    assume(shrunk.to_json() != live.to_json())
+    plan = plan_transition(squeezed, live, shrunk)
+    if not squeezed.engine_accepts(shrunk):
+        assert not plan.feasible and "fit-check" in plan.reason
+        return
+    assert plan.feasible, plan.reason
+    assert len(plan.steps) == 1
+    assert plan.peak_bytes == squeezed.total_bytes(live)
+    if engine == "freetoken":
+        assert simulate_call(squeezed, live.to_json(), dict(plan.steps[0].body)) == plan.peak_bytes
+    else:
+        assert simulate_chunked(squeezed, live.to_json(), dict(plan.steps[0].body),
+                                1 << 21) == plan.peak_bytes

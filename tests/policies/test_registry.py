@@ -138,6 +138,37 @@ def test_the_same_distribution_seen_twice_is_not_a_duplicate(
 def test_entry_point_without_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     eps = (fake_ep("echo", "tests.policies.test_registry:Echo", None),)
     monkeypatch.setattr(registry, "_entry_points", lambda: eps)
-    assert installed_policies() == [PolicyInfo("echo", "tests.policies.test_registry:Echo",
-                                               None, None)]
+    assert installed_policies()[0] == PolicyInfo("echo", "tests.policies.test_registry:Echo",
+                                                 None, None)
     assert isinstance(load_policy("echo", {}), Echo)
+
+
+def test_builtins_resolve_without_installed_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A source checkout run as `python -m ladder.cli`: no entry points at all.
+    monkeypatch.setattr(registry, "_entry_points", lambda: ())
+    assert isinstance(load_policy("headroom", {}), Headroom)
+    assert isinstance(load_policy("throughput", {}), Throughput)
+    assert isinstance(load_policy("pinned", {"rung": 1}), Pinned)
+    assert installed_policies() == [
+        PolicyInfo(name, value, "built-in", None) for name, value in sorted(
+            registry.BUILTINS.items())]
+    with pytest.raises(UnknownPolicyError,
+                       match=r"installed: headroom, pinned, throughput \(or name"):
+        load_policy("nosuch", {})
+
+
+def test_an_installed_entry_point_wins_over_the_builtin_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    eps = (fake_ep("headroom", "tests.policies.test_registry:Echo", "my-policies"),)
+    monkeypatch.setattr(registry, "_entry_points", lambda: eps)
+    assert isinstance(load_policy("headroom", {}), Echo)
+    assert [i.distribution for i in installed_policies()] == ["my-policies", "built-in",
+                                                               "built-in"]
+
+
+def test_the_builtin_table_is_pyprojects_entry_points() -> None:
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"][GROUP] == registry.BUILTINS
