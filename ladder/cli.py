@@ -413,7 +413,7 @@ def _add_engine(sub: Any) -> None:
                             "ft serve boots without --num-tokens (up to a page above the budget)")
     pools.add_argument("--boot-drift", type=_signed_bytes, default=0, metavar="BYTES",
                        help="with --kv-tokens auto: how far ft serve's free-memory reading "
-                            "lands from the budget, e.g. 2MiB or -2MiB (default 0)")
+                            "lands from the budget, e.g. 2MiB or --boot-drift=-2MiB (default 0)")
     pools.add_argument("--mamba-slots", type=_count, default=8, help="state slots (default 8)")
     pools.add_argument("--max-running-requests", type=int, default=4)
     pools.add_argument("--max-seq-len", type=_count, default=1 << 20,
@@ -502,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", metavar="FILE")
     check.set_defaults(func=cmd_config_check)
 
-    p = sub.add_parser("policies", help="list the installed policies",
+    p = sub.add_parser("policies", help="list the policies: built-ins and installed plugins",
                        description="Policies found through the moe_ladder.policies entry "
                                    "points, with the distribution that provides each, then "
                                    "the built-ins no installed metadata offers (a source "

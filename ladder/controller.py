@@ -29,7 +29,7 @@ from ladder.metrics import DaemonMetrics
 from ladder.rungs import Ladder, LadderSpec, build_ladder
 from ladder.safeguards import Safeguards
 from ladder.wire import RequestEntry
-from policies.api import Decision, LadderView, Observation, Policy, RungView
+from policies.api import Decision, LadderView, Observation, Policy
 
 __all__ = ["ControlSettings", "ServerController", "TransitionRecord"]
 
@@ -158,9 +158,7 @@ class ServerController:
 
     def ladder_view(self) -> LadderView:
         assert self.ladder is not None
-        return LadderView(tuple(RungView(r.index, r.kv_tokens, r.geometry.moe_cache_size,
-                                         r.geometry.num_mamba_slots) for r in self.ladder.rungs),
-                          transition_s=self.settings.transition_estimate_s)
+        return self.ladder.view(self.settings.transition_estimate_s)
 
     def _rebuild_ladder(self, status: CacheStatus, model_ctx_tokens: int | None) -> None:
         self.model = MemoryModel.from_status(status, fixed_bytes=self.apply_settings.fixed_bytes,

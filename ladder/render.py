@@ -30,6 +30,10 @@ def geometry_line(model: MemoryModel, g: Geometry) -> str:
     return ", ".join(parts)
 
 
+def _span(minimum: int, maximum: int | None) -> str:
+    return "none" if maximum is None else f"{minimum}..{maximum}"
+
+
 def render_pools(status: CacheStatus, model: MemoryModel, ranges: Sequence[PoolRange]) -> str:
     """The live pools, with the honest reachable ranges next to the engine's advertised ones."""
     g, shape = status.geometry, status.shape
@@ -38,18 +42,17 @@ def render_pools(status: CacheStatus, model: MemoryModel, ranges: Sequence[PoolR
              f"(budget {format_bytes(model.budget_bytes)}, engine {status.engine.name})"]
     over = model.over_budget_bytes(g)
     if over:
-        lines.append(f"live geometry is {format_bytes(over)} ({over} B) above the budget, as ft "
-                     "serve boots without --num-tokens: shrinks are safe, grows must fit")
+        lines.append(f"live geometry is {format_bytes(over)} ({over} B) above the budget, as "
+                     "ft serve boots without --num-tokens: shrinks are safe once they pass the "
+                     "engine's fit-check, grows must fit the budget")
     by_pool = {r.pool: r for r in ranges}
     rows = [["pool", "size", "vram", "reachable now", "after shrinking others",
              "advertised"]]
 
     def add(pool: str, size: str, nbytes: int) -> None:
         r = by_pool[pool]
-        rows.append([pool, size, format_bytes(nbytes),
-                     f"{r.minimum}..{r.max_keeping_others}",
-                     ("none" if r.max_with_others_at_floor is None
-                      else f"{r.minimum}..{r.max_with_others_at_floor}"),
+        rows.append([pool, size, format_bytes(nbytes), _span(r.minimum, r.max_keeping_others),
+                     _span(r.minimum, r.max_with_others_at_floor),
                      f"{r.minimum}..{r.advertised_max}"])
 
     if shape.max_expert_slots:

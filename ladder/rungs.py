@@ -31,6 +31,7 @@ from typing import Literal
 from engine.budget import MemoryModel
 from engine.geometry import Geometry, Limits
 from engine.planner import Plan, plan_transition
+from policies.api import LadderView, RungView
 
 __all__ = [
     "DroppedRung",
@@ -110,6 +111,12 @@ class Ladder:
     @property
     def top(self) -> Rung:
         return self.rungs[-1]
+
+    def view(self, transition_s: float) -> LadderView:
+        """What a policy sees of this ladder: sizes per rung, no bytes, no plans."""
+        return LadderView(tuple(RungView(r.index, r.kv_tokens, r.geometry.moe_cache_size,
+                                         r.geometry.num_mamba_slots) for r in self.rungs),
+                          transition_s=transition_s)
 
 
 def _round_up(tokens: int, page_size: int) -> int:
@@ -195,12 +202,15 @@ def build_ladder(model: MemoryModel, live: Geometry, spec: LadderSpec) -> Ladder
 
 @dataclass(frozen=True, slots=True)
 class PoolRange:
-    """How far one pool can be resized live, honestly: every size in range is one `plan` sends.
+    """How far one pool can be resized live, honestly: every size from `minimum` to a maximum
+    is one that `plan` sends.
 
-    `max_keeping_others`: the largest size with the other pools as they are (at least the
-    current size: standing still is always plannable). `max_with_others_at_floor`: the largest
-    size once the other pools shrink to their floors, which the planner reaches safely (shrinks
-    first); None when not even the floors are plannable. `advertised_max` is the engine's own
+    `max_keeping_others`: the largest such size with the other pools as they are. It is the
+    current size or more when the live geometry passes the engine's fit-check, and can be
+    less when it does not (ft serve's default boot): a shrink too small to bring the geometry
+    under the fit-check is refused. `max_with_others_at_floor`: the largest size once the
+    other pools shrink to their floors, which the planner reaches safely (shrinks first).
+    Either is None when not even the floor is plannable. `advertised_max` is the engine's own
     single-pool `limits.*.max`, which ignores the other pools. KV sizes are in tokens.
     """
 
@@ -208,7 +218,7 @@ class PoolRange:
     unit: str
     minimum: int
     current: int
-    max_keeping_others: int
+    max_keeping_others: int | None
     max_with_others_at_floor: int | None
     advertised_max: int
 
@@ -231,23 +241,24 @@ def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
 
 def _largest_plannable(model: MemoryModel, live: Geometry, base: Geometry, pool: str,
                        floor: int, cap: int) -> int | None:
-    """The largest size of `pool` on top of `base` that `plan_transition` from `live` accepts.
+    """The largest size of `pool` on top of `base` such that `plan_transition` from `live`
+    accepts every size from `floor` up to it.
 
-    Plannable sizes are two prefixes: shrinks below the live size (smaller always costs less)
-    and grows above it (feasible up to the first that no longer fits), so two binary searches
-    find the answer without planning every size.
+    Plannable shrinks are a prefix (smaller always costs less) and so are grows above the live
+    size (feasible up to the first that no longer fits), so binary searches find the answer
+    without planning every size. Standing still is plannable even where a slightly smaller
+    size is not; the search never reports it past such a gap.
     """
     current = int(getattr(live, _SIZE_FIELD[pool]))
 
     def ok(size: int) -> bool:
         return plan_transition(model, live, base.with_sizes(**{_SIZE_FIELD[pool]: size})).feasible
 
+    # A grow that plans proves the sizes below it pass the fit-check too: no gap under it.
     grown = _largest(current + 1, cap, ok)
     if grown is not None:
         return grown
-    if current <= cap and ok(current):
-        return current
-    return _largest(floor, min(current - 1, cap), ok)
+    return _largest(floor, min(current, cap), ok)
 
 
 def reachable_ranges(model: MemoryModel, live: Geometry, limits: Limits) -> tuple[PoolRange, ...]:
@@ -281,6 +292,6 @@ def reachable_ranges(model: MemoryModel, live: Geometry, limits: Limits) -> tupl
         current = int(getattr(live, _SIZE_FIELD[pool]))
         ranges.append(PoolRange(
             pool, unit, minimum, current * scale,
-            (current if keeping is None else keeping) * scale,
+            None if keeping is None else keeping * scale,
             None if lowered is None else lowered * scale, advertised))
     return tuple(ranges)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ladder.cli import main
+from ladder.cli import _engine_config, build_parser, main
 from tests.conftest import FIXTURES
 
 REPORT = str(FIXTURES / "seed-rtx5080-status.json")
@@ -70,6 +70,11 @@ def test_infeasible_plan_exits_1_with_reason(capsys: pytest.CaptureFixture[str])
         (["rungs", "--status", REPORT, "--kv-ratio", "0.5"], "kv_step_ratio"),
         (["plan", "--status", REPORT], "--to"),
         (["rungs", "--status", REPORT, "--reserve", "lots"], "byte size"),
+        (["engine", "--kv-tokens", "some"], "--kv-tokens"),
+        (["engine", "--cache-budget", "64MiB", "--boot-drift", "1MiB"],
+         "a boot drift applies only to KV sized at boot"),
+        (["engine", "--cache-budget", "64MiB", "--kv-tokens", "auto", "--boot-drift=-x"],
+         "--boot-drift"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
@@ -122,3 +127,13 @@ def test_console_script_is_installed() -> None:
     help_text = subprocess.run([sys.executable, "-m", "ladder.cli", "plan", "--help"],
                                capture_output=True, text=True, check=True, timeout=60).stdout
     assert "--to" in help_text and "Exit 0 feasible" in help_text
+
+
+def test_engine_kv_tokens_auto_boots_like_ft_serve() -> None:
+    args = build_parser().parse_args(["engine", "--cache-budget", "64MiB", "--kv-tokens", "auto",
+                                      "--boot-drift=-2MiB"])
+    config = _engine_config(args)
+    assert (config.num_pages, config.boot_drift_bytes) == (None, -2 * (1 << 20))
+    fixed = _engine_config(build_parser().parse_args(["engine", "--cache-budget", "64MiB",
+                                                      "--kv-tokens", "4096"]))
+    assert fixed.num_pages == 4096 // fixed.model.page_size and fixed.boot_drift_bytes == 0
