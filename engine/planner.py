@@ -29,11 +29,13 @@ from typing import Any
 from engine.budget import MemoryModel
 from engine.geometry import EngineKind, Geometry
 
-__all__ = ["Instant", "Plan", "Step", "call_instants", "plan_transition", "validate_target"]
+__all__ = ["SIZE_FIELD", "Instant", "Plan", "Step", "call_instants", "plan_transition",
+           "pool_size", "validate_target"]
 
 # ft serve's order inside one call; the window pool is resized together with KV.
 POOL_ORDER = ("moe", "kv", "mamba")
-_BODY_KEY = {"moe": "moe_cache_size", "kv": "num_pages", "mamba": "num_mamba_slots"}
+# The rebuild body key, which is also the `Geometry` field, of each pool.
+SIZE_FIELD = {"moe": "moe_cache_size", "kv": "num_pages", "mamba": "num_mamba_slots"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +104,13 @@ class Plan:
         }
 
 
-def _size(geometry: Geometry, pool: str) -> int:
-    if pool == "moe":
-        return geometry.moe_cache_size
-    if pool == "kv":
-        return geometry.num_pages
-    return geometry.num_mamba_slots
+def pool_size(geometry: Geometry, pool: str) -> int:
+    """A pool's size in its engine unit: slots, or pages for KV."""
+    return int(getattr(geometry, SIZE_FIELD[pool]))
 
 
 def _with(geometry: Geometry, pools: Iterable[str], source: Geometry) -> Geometry:
-    sizes = {_BODY_KEY[p]: _size(source, p) for p in pools}
+    sizes = {SIZE_FIELD[p]: pool_size(source, p) for p in pools}
     return geometry.with_sizes(**sizes)
 
 
@@ -136,25 +135,25 @@ def call_instants(model: MemoryModel, before: Geometry, after: Geometry) -> tupl
     so its phase never exceeds its start; a grow copies a partial tail into a larger chunk
     and briefly holds both, so a grow phase is priced at its end plus one chunk.
     """
-    changed = [p for p in POOL_ORDER if _size(before, p) != _size(after, p)]
+    changed = [p for p in POOL_ORDER if pool_size(before, p) != pool_size(after, p)]
     instants = [Instant("start", model.total_bytes(before))]
     if model.engine.kind == "reference":
-        shrinks = [p for p in changed if _size(after, p) < _size(before, p)]
+        shrinks = [p for p in changed if pool_size(after, p) < pool_size(before, p)]
         order = shrinks + [p for p in changed if p not in shrinks]
     else:
         order = changed
     current = before
     for pool in order:
         previous, current = current, _with(current, [pool], after)
-        verb = "freed to" if _size(after, pool) < _size(before, pool) else "allocated at"
+        verb = "freed to" if pool_size(after, pool) < pool_size(before, pool) else "allocated at"
         total = model.total_bytes(current)
         if model.engine.kind == "reference":
-            if _size(after, pool) < _size(before, pool):
+            if pool_size(after, pool) < pool_size(before, pool):
                 total = model.total_bytes(previous)
             else:
                 total += min(model.engine.chunk_bytes, _bytes(model, current, pool))
         instants.append(
-            Instant(f"{pool} {verb} {_describe(model, pool, _size(after, pool))}", total))
+            Instant(f"{pool} {verb} {_describe(model, pool, pool_size(after, pool))}", total))
     return tuple(instants)
 
 
@@ -162,7 +161,7 @@ def _step(model: MemoryModel, before: Geometry, pools: Iterable[str], target: Ge
     pools = tuple(pools)
     after = _with(before, pools, target)
     instants = call_instants(model, before, after)
-    body = {_BODY_KEY[p]: _size(after, p) for p in POOL_ORDER if p in pools}
+    body = {SIZE_FIELD[p]: pool_size(after, p) for p in POOL_ORDER if p in pools}
     return Step(
         body=body,
         after=after,
@@ -239,7 +238,7 @@ def plan_transition(model: MemoryModel, start: Geometry, target: Geometry) -> Pl
     )
     budget = model.budget_bytes
     ceiling = model.ceiling_bytes(start)
-    changed = tuple(p for p in POOL_ORDER if _size(start, p) != _size(target, p))
+    changed = tuple(p for p in POOL_ORDER if pool_size(start, p) != pool_size(target, p))
     start_bytes = model.total_bytes(start)
 
     def plan(feasible: bool, steps: tuple[Step, ...], peak: int, single: int,

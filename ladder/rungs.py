@@ -30,7 +30,7 @@ from typing import Literal
 
 from engine.budget import MemoryModel
 from engine.geometry import Geometry, Limits
-from engine.planner import Plan, plan_transition
+from engine.planner import SIZE_FIELD, Plan, plan_transition, pool_size
 from policies.api import LadderView, RungView
 
 __all__ = [
@@ -223,9 +223,6 @@ class PoolRange:
     advertised_max: int
 
 
-_SIZE_FIELD = {"moe": "moe_cache_size", "kv": "num_pages", "mamba": "num_mamba_slots"}
-
-
 def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     """The largest n in [lo, hi] with ok(n), given ok holds on a prefix of the range."""
     if lo > hi or not ok(lo):
@@ -249,10 +246,10 @@ def _largest_plannable(model: MemoryModel, live: Geometry, base: Geometry, pool:
     without planning every size. Standing still is plannable even where a slightly smaller
     size is not; the search never reports it past such a gap.
     """
-    current = int(getattr(live, _SIZE_FIELD[pool]))
+    current = pool_size(live, pool)
 
     def ok(size: int) -> bool:
-        return plan_transition(model, live, base.with_sizes(**{_SIZE_FIELD[pool]: size})).feasible
+        return plan_transition(model, live, base.with_sizes(**{SIZE_FIELD[pool]: size})).feasible
 
     # A grow that plans proves the sizes below it pass the fit-check too: no gap under it.
     grown = _largest(current + 1, cap, ok)
@@ -285,11 +282,11 @@ def reachable_ranges(model: MemoryModel, live: Geometry, limits: Limits) -> tupl
     ranges = []
     for pool, unit, minimum, advertised in pools:
         scale = page if pool == "kv" else 1
-        at_floor = live.with_sizes(**{_SIZE_FIELD[p]: floor_sizes[p] for p in _SIZE_FIELD
+        at_floor = live.with_sizes(**{SIZE_FIELD[p]: floor_sizes[p] for p in SIZE_FIELD
                                       if p != pool})
         keeping = _largest_plannable(model, live, live, pool, floor_sizes[pool], caps[pool])
         lowered = _largest_plannable(model, live, at_floor, pool, floor_sizes[pool], caps[pool])
-        current = int(getattr(live, _SIZE_FIELD[pool]))
+        current = pool_size(live, pool)
         ranges.append(PoolRange(
             pool, unit, minimum, current * scale,
             None if keeping is None else keeping * scale,

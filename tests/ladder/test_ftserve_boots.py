@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from engine.budget import MemoryModel
 from engine.geometry import CacheStatus, Geometry, parse_cache_status
-from engine.planner import Plan, plan_transition
+from engine.planner import SIZE_FIELD, Plan, plan_transition
 from engine.runtime import ReferenceEngine
 from engine.server import make_app
 from ladder.cli import main
@@ -49,7 +49,6 @@ from tests.ftserve_boot import (
 
 CASES = [(model, boot, drift) for model in MODELS for boot, drift in BOOTS]
 IDS = [f"{m.name}-{boot}{drift // MIB:+d}MiB" for m, boot, drift in CASES]
-_FIELD = {"moe": "moe_cache_size", "kv": "num_pages", "mamba": "num_mamba_slots"}
 
 
 @functools.cache
@@ -212,7 +211,7 @@ def test_ranges_never_advertise_a_size_plan_refuses(model: BootModel, drift_byte
     memory, live = MemoryModel.from_status(status), status.geometry
 
     def plans(pool: str, size: int) -> bool:
-        return plan_transition(memory, live, live.with_sizes(**{_FIELD[pool]: size})).feasible
+        return plan_transition(memory, live, live.with_sizes(**{SIZE_FIELD[pool]: size})).feasible
 
     for r in reachable_ranges(memory, live, status.limits):
         if r.max_keeping_others is None:
