@@ -10,12 +10,21 @@ One run, one output folder (JSON + logs), every process cleaned up by PID:
    decode tokens/s per rung;
 4. one call that grows KV while shrinking a large mamba pool (FreeToken #526): record what the
    server really does, then restart it, rebuild the same geometry and show that `ladder apply`
-   plans and sends it as two safe calls instead.
+   plans and sends it as two safe calls instead;
+5. `default_boot`: boot as users do, without `--num-tokens` (ft serve fills KV itself and lands a
+   little above its reported budget), then through the real CLI: `status` and its ranges (the
+   max of each "reachable now" plans, one more is refused), `plan` of pure shrinks (one call each),
+   `apply` onto the top rung and down to the bottom rung (at most two calls each, each landing on
+   its rung); restart the same way and run `ladder run --gate` (in process): its first move from
+   the boot geometry, then stepping up before a long request and down after.
+
+`--phases` picks `fixed` (1-4, on a `--num-tokens` boot) and/or `default_boot` (5), in order.
 
 `--reference` runs the same script against the reference engine on the CPU (for developing
 the script without a GPU): same API, same phases.
 
-    python bench/ftserve_e2e.py --out OUT --model /tmp/tiny-moe --filler .ftserve/filler.py
+    python bench/ftserve_e2e.py --out OUT --model /tmp/tiny-moe --filler .ftserve/filler.py \
+        [--phases fixed,default_boot]
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ class Run:
         self.result: dict[str, Any] = {"server": "reference" if args.reference else "ft serve",
                                        "phases": {}}
         self.url = f"http://127.0.0.1:{args.port}"
+        self.server: subprocess.Popen[bytes] | None = None
 
     # ---- processes -----------------------------------------------------------------------
 
@@ -97,20 +107,24 @@ class Run:
             time.sleep(0.2)
         self.result["filler"] = json.loads(ready.read_text())
 
-    async def boot(self, label: str) -> tuple[subprocess.Popen[bytes], float]:
+    async def boot(self, label: str, *, kv_sized_by_server: bool = False
+                   ) -> tuple[subprocess.Popen[bytes], float]:
+        """Boot the server; `kv_sized_by_server` leaves KV to it, as users boot ft serve."""
         a = self.args
         if a.reference:
+            kv = ["--kv-tokens", "auto"] if kv_sized_by_server else ["--kv-tokens", "20000"]
             cmd = [sys.executable, "-m", "ladder.cli", "engine", "--port", str(a.port),
                    "--rebuild-mode", "freetoken", "--device-memory-bytes", "96MiB",
-                   "--memory-ratio", "0.9", "--kv-tokens", "20000", "--moe-cache-size", "128",
+                   "--memory-ratio", "0.9", *kv, "--moe-cache-size", "128",
                    "--mamba-slots", "8", "--max-running-requests", "1", "--max-seq-len", "8192",
                    "--experts", "64", "--layers", "8", "--hidden", "64", "--expert-hidden", "128"]
         else:
+            kv = [] if kv_sized_by_server else ["--num-tokens", "1000000"]
             cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model-path", a.model,
                    "--served-model-name", "tiny-moe", "--host", "127.0.0.1", "--port",
-                   str(a.port), "--moe-backend", "offload", "--moe-cache-size", "128",
-                   "--num-tokens", "1000000", "--max-running-requests", "1",
-                   "--memory-ratio", "0.9", "--max-prefill-length", "2048"]
+                   str(a.port), "--moe-backend", "offload", "--moe-cache-size", "128", *kv,
+                   "--max-running-requests", "1", "--memory-ratio", "0.9",
+                   "--max-prefill-length", "2048"]
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         started = time.monotonic()
         proc = self.spawn(f"server-{label}", cmd, env)
@@ -152,6 +166,19 @@ class Run:
             return 0.0
         return (count - 1) / (last - first)
 
+    async def cli(self, *args: str) -> tuple[int, Any]:
+        """Run the real `ladder` CLI against the server, as a user would; (exit code, JSON)."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ladder.cli", *args, "--server", self.url, "--json",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        try:
+            return proc.returncode, json.loads(out)
+        except json.JSONDecodeError:
+            return proc.returncode, {"stdout": out.decode()[-2000:],
+                                     "stderr": err.decode()[-2000:]}
+
     # ---- phases -----------------------------------------------------------------------------
 
     async def motivating(self, client: FtServeClient) -> dict[str, Any]:
@@ -185,7 +212,7 @@ class Run:
         return phase
 
     async def daemon_trace(self, session: aiohttp.ClientSession) -> dict[str, Any]:
-        gate_port = self.args.port + 101  # clear of ports ft serve may take beside its own
+        gate_port = self.args.gate_port or self.args.port + 101  # clear of ft serve's ports
         config = merge({
             "servers": [{"name": "e2e", "url": self.url,
                          "gate_listen": f"127.0.0.1:{gate_port}",
@@ -305,6 +332,88 @@ class Run:
                 "apply_kinds": [s.kind for s in applied.steps],
                 "after_apply_maintenance": health.maintenance}
 
+    async def default_boot_cli(self) -> dict[str, Any]:
+        """`status`, `plan` and `apply` through the CLI on a server that sized KV itself."""
+        code, status = await self.cli("status")
+        if code != 0:
+            raise RuntimeError(f"ladder status exited {code}: {status}")
+        g = status["geometry"]
+        page_tokens = next(r for r in status["ranges"] if r["pool"] == "kv")["current"] // (
+            g["num_pages"])
+        phase: dict[str, Any] = {
+            "boot_geometry": g, "allocated_bytes": status["allocated_bytes"],
+            "budget_bytes": status["budget_bytes"],
+            "over_budget_bytes": status["allocated_bytes"] - status["budget_bytes"],
+            "ranges": status["ranges"], "rungs": status["rungs"]}
+
+        def to(sizes: dict[str, int]) -> str:
+            merged = {**g, **sizes}
+            return (f"moe={merged['moe_cache_size']},kv_pages={merged['num_pages']},"
+                    f"mamba={merged['num_mamba_slots']}")
+
+        async def plan(sizes: dict[str, int]) -> dict[str, Any]:
+            code, doc = await self.cli("plan", "--to", to(sizes))
+            return {"to": to(sizes), "exit": code, "feasible": doc.get("feasible"),
+                    "calls": len(doc.get("steps", [])), "peak_bytes": doc.get("peak_bytes"),
+                    "live_bytes": doc.get("live_bytes"),
+                    "live_over_budget_bytes": doc.get("live_over_budget_bytes"),
+                    "reason": doc.get("reason")}
+
+        floors = {r["pool"]: r["min"] for r in status["ranges"]}
+        field = {"moe": "moe_cache_size", "kv": "num_pages", "mamba": "num_mamba_slots"}
+
+        def in_units(pool: str, size: int) -> int:
+            return size // page_tokens if pool == "kv" else size
+
+        # The report's commands first: a pure KV shrink, and KV shrink + MoE grow.
+        half = g["num_pages"] // 2
+        phase["plans"] = {
+            "kv_half": await plan({"num_pages": half}),
+            "moe_double_kv_half": await plan({"num_pages": half,
+                                              "moe_cache_size": 2 * g["moe_cache_size"]}),
+            "all_to_floors": await plan({field[p]: in_units(p, n) for p, n in floors.items()}),
+        }
+        # `status` must never advertise a size `plan` refuses; one more must be refused.
+        phase["ranges_checked"] = {}
+        for r in status["ranges"]:
+            top = in_units(r["pool"], r["max_keeping_others"])
+            cap = in_units(r["pool"], r["advertised_max"])
+            checked = {"max": await plan({field[r["pool"]]: top})}
+            if top < cap:
+                checked["max_plus_one"] = await plan({field[r["pool"]]: top + 1})
+            phase["ranges_checked"][r["pool"]] = checked
+        # Onto the top rung from the boot geometry, then down to the bottom one.
+        phase["applies"] = []
+        for rung in (status["rungs"][-1], status["rungs"][0]):
+            sizes = {f: rung[f] for f in field.values()}
+            code, doc = await self.cli("apply", "--to", to(sizes), "--wait-s", "120")
+            _, after = await self.cli("status")
+            phase["applies"].append({
+                "rung": rung["index"], "to": to(sizes), "exit": code,
+                "reached": doc.get("reached"), "reason": doc.get("reason"),
+                "steps": [{k: s_[k] for k in ("body", "kind", "http_status", "seconds")}
+                          for s_ in doc.get("steps", [])],
+                "live_rung_after": after.get("live_rung"), "geometry_after": after.get(
+                    "geometry"), "state_after": after.get("state")})
+        plans, applies = phase["plans"], phase["applies"]
+        phase["checks"] = {
+            "live_over_budget_reported": phase["over_budget_bytes"] == (
+                plans["kv_half"]["live_over_budget_bytes"]),
+            "pure_shrinks_one_call": all(p["exit"] == 0 and p["calls"] == 1 for k, p in
+                                         plans.items() if k != "moe_double_kv_half"),
+            "shrink_then_grow_feasible": plans["moe_double_kv_half"]["exit"] == 0,
+            "ranges_max_plans": all(c["max"]["exit"] == 0
+                                    for c in phase["ranges_checked"].values()),
+            "ranges_max_plus_one_refused": all(c["max_plus_one"]["exit"] == 1 for c in
+                                               phase["ranges_checked"].values()
+                                               if "max_plus_one" in c),
+            "applies_reach_rung_in_two_calls": all(
+                a["exit"] == 0 and a["reached"] and len(a["steps"]) <= 2
+                and all(s_["kind"] == "ok" for s_ in a["steps"])
+                and a["live_rung_after"] == a["rung"] for a in applies),
+        }
+        return phase
+
     async def phase(self, name: str, limit_s: float, work: Any) -> Any:
         """Run one phase within `limit_s`; a failure is recorded and the run goes on."""
         started = time.monotonic()
@@ -320,30 +429,65 @@ class Run:
         return value
 
     async def main(self) -> None:
-        result = self.result
         self.start_filler()
-        server, boot_s = await self.boot("1")
-        result["boot_s"] = [round(boot_s, 1)]
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with FtServeClient(self.url, timeout_s=30, session=session) as client:
-                await self.phase("motivating", 120, self.motivating(client))
-                await self.phase("decode_tps_by_slots", 60, self.rung_speeds(client, session))
-            await self.phase("daemon_gate_trace", 120, self.daemon_trace(session))
-            async with FtServeClient(self.url, timeout_s=30, session=session) as client:
-                phase = await self.phase("issue_526", 90, self.issue_526(client))
-            if "target" not in phase:
-                return
-            self.kill(server)
-            server, boot_s = await self.boot("2")
-            result["boot_s"].append(round(boot_s, 1))
-            async with FtServeClient(self.url, timeout_s=30, session=session) as client:
-                await self.phase("issue_526_ladder", 90,
-                                 self.issue_526_with_ladder(client, phase))
+            for name in self.args.phases:
+                await {"fixed": self.fixed_phases, "default_boot": self.default_boot_phases
+                       }[name](session)
         self.save()
+
+    async def restart(self, label: str, *, kv_sized_by_server: bool) -> None:
+        if self.server is not None:
+            self.kill(self.server)
+        self.server, boot_s = await self.boot(label, kv_sized_by_server=kv_sized_by_server)
+        self.result.setdefault("boot_s", {})[label] = round(boot_s, 1)
+
+    async def default_boot_phases(self, session: aiohttp.ClientSession) -> None:
+        await self.restart("default-1", kv_sized_by_server=True)
+        await self.phase("default_boot_cli", 240, self.default_boot_cli())
+        # A fresh default boot, so the daemon's first move starts from ft serve's own geometry.
+        await self.restart("default-2", kv_sized_by_server=True)
+        trace = await self.phase("default_boot_daemon", 150, self.daemon_trace(session))
+        if "transitions" in trace:
+            first, moves = trace["transitions"][0], trace["transitions"][1:]
+            trace["checks"] = {
+                "first_move_from_boot_reaches_rung_in_two_calls": first["from"] is None
+                and first["reached"] and len(first["steps"]) <= 2,
+                "steps_up_and_down": any(m["to"] > m["from"] for m in moves)
+                and any(m["to"] < m["from"] for m in moves),
+                "every_call_ok": all(s_["kind"] == "ok" for t in trace["transitions"]
+                                     for s_ in t["steps"]),
+                "no_request_refused": trace["refused"] == 0,
+            }
+            self.save()
+
+    async def fixed_phases(self, session: aiohttp.ClientSession) -> None:
+        await self.restart("1", kv_sized_by_server=False)
+        async with FtServeClient(self.url, timeout_s=30, session=session) as client:
+            await self.phase("motivating", 120, self.motivating(client))
+            await self.phase("decode_tps_by_slots", 60, self.rung_speeds(client, session))
+        await self.phase("daemon_gate_trace", 120, self.daemon_trace(session))
+        async with FtServeClient(self.url, timeout_s=30, session=session) as client:
+            phase = await self.phase("issue_526", 90, self.issue_526(client))
+        if "target" not in phase:
+            return
+        await self.restart("2", kv_sized_by_server=False)
+        async with FtServeClient(self.url, timeout_s=30, session=session) as client:
+            await self.phase("issue_526_ladder", 90, self.issue_526_with_ladder(client, phase))
 
     def save(self) -> None:
         (self.out / "result.json").write_text(json.dumps(self.result, indent=2))
+
+
+PHASES = ("fixed", "default_boot")
+
+
+def _phases(value: str) -> list[str]:
+    chosen = list(dict.fromkeys(value.split(",")))
+    if set(chosen) - set(PHASES):
+        raise argparse.ArgumentTypeError(f"pick from {','.join(PHASES)}, got {value!r}")
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,7 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--filler", default=None, help="filler.py from the ftserve-gpu recipe")
     ap.add_argument("--leave-gib", type=float, default=10.0)
     ap.add_argument("--port", type=int, default=18919)
+    ap.add_argument("--gate-port", type=int, default=None,
+                    help="the daemon's gate (default: --port + 101)")
     ap.add_argument("--boot-timeout-s", type=float, default=240.0)
+    ap.add_argument("--phases", type=_phases, default=list(PHASES),
+                    help="comma-separated, run in this order: fixed (a --num-tokens boot: "
+                    "motivating, decode, daemon, #526) and/or default_boot (KV sized by the "
+                    "server); default both")
     ap.add_argument("--reference", action="store_true",
                     help="run against the reference engine on the CPU instead of ft serve")
     args = ap.parse_args(argv)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool), from the repo root, with `.whl` (bash
 # ../shared/ftserve-gpu/fetch_wheels.sh) and `.ftserve` (filler.py and make_tiny_moe.py copied
-# from ../shared/ftserve-gpu) carried:  bash bench/ftserve_e2e.sh "$OUT"
-# Installs the wheels, builds the tiny checkpoint, runs bench/ftserve_e2e.py into $1.
+# from ../shared/ftserve-gpu) carried:  bash bench/ftserve_e2e.sh "$OUT" [--phases default_boot]
+# Installs the wheels, builds the tiny checkpoint, runs bench/ftserve_e2e.py into $1 (the other
+# arguments go to it).
 set -uo pipefail
 out=${1:?output folder}
 mkdir -p "$out"
@@ -14,4 +15,4 @@ export TVM_FFI_CACHE_DIR=/tmp/cache/tvm TRITON_CACHE_DIR=/tmp/cache/triton \
 [ -d /tmp/tiny-moe ] || python3 .ftserve/make_tiny_moe.py --arch qwen3_5_moe --out /tmp/tiny-moe \
   > "$out/checkpoint.log" 2>&1 || { tail -20 "$out/checkpoint.log"; exit 1; }
 python3 bench/ftserve_e2e.py --out "$out" --model /tmp/tiny-moe --filler .ftserve/filler.py \
-  --leave-gib 10
+  --leave-gib 10 "${@:2}"
