@@ -1,7 +1,9 @@
 """The `ladder` command line: a thin shell over the pure planner, rungs and renderers.
 
-Exit status (design.md): 0 success or a feasible plan, 1 an infeasible plan, 2 bad input
-(one line on stderr naming what is wrong).
+Exit status, one rule for every command: 0 done (or a feasible plan); 1 the command ran and
+the answer is no (an infeasible plan, a target not reached, no rungs); 2 it could not run:
+bad input, an unreadable file, or a server it cannot reach or is not let in to. Status 2 is one
+line on stderr naming what is wrong and the flag to change, and nothing was sent.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,9 +21,10 @@ from typing import Any, NoReturn
 from engine.budget import MemoryModel
 from engine.geometry import CacheStatus, Geometry, StatusError, parse_cache_status
 from engine.planner import plan_transition
+from ladder.config import server_url
 from ladder.render import render_ladder, render_plan, render_pools
-from ladder.rungs import LadderSpec, build_ladder, reachable_ranges
-from ladder.units import parse_bytes, parse_count, parse_target
+from ladder.rungs import LadderSpec, build_ladder, reachable_ranges, small_budget_hint
+from ladder.units import format_bytes, parse_bytes, parse_count, parse_target
 
 __all__ = ["BadInput", "main"]
 
@@ -52,6 +56,26 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _server_url(text: str) -> str:
+    try:
+        return server_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _policy_option(text: str) -> tuple[str, Any]:
+    import tomllib
+
+    key, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z_]\w*", key.strip()):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value  # a bare word: a string
+    return key.strip(), parsed
+
+
 def _kv_tokens(text: str) -> int | None:
     return None if text == "auto" else _count(text)
 
@@ -62,8 +86,9 @@ def _signed_bytes(text: str) -> int:
 
 def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("where the geometry comes from")
-    src.add_argument("--server", default=None, metavar="URL",
-                     help=f"a live ft serve or reference engine (default {DEFAULT_SERVER})")
+    src.add_argument("--server", type=_server_url, default=None, metavar="URL",
+                     help=f"a live ft serve or reference engine, as a URL or HOST:PORT "
+                          f"(default {DEFAULT_SERVER})")
     src.add_argument("--status", type=Path, default=None, metavar="FILE",
                      help="a saved GET /v1/cache/status document instead of a server")
     src.add_argument("--api-key", default=None,
@@ -71,20 +96,31 @@ def _add_source(p: argparse.ArgumentParser) -> None:
                           "$FREETOKEN_API_KEY); sent as a bearer token, never printed")
     src.add_argument("--timeout-s", type=float, default=10.0, help="HTTP timeout (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    _add_layout(p, defaults=True)
+
+
+def _add_layout(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The budget and ladder flags; `run` takes them without defaults, so that a flag not
+    given leaves the config file's value alone."""
+
+    def default(value: Any) -> Any:
+        return value if defaults else None
+
     budget = p.add_argument_group("budget and ladder")
-    budget.add_argument("--reserve", type=_bytes, default=0, metavar="BYTES",
+    budget.add_argument("--reserve", type=_bytes, default=default(0), metavar="BYTES",
                         help="keep this much of the budget free at every instant (e.g. 256MiB)")
-    budget.add_argument("--fixed-bytes", type=_bytes, default=0, metavar="BYTES",
+    budget.add_argument("--fixed-bytes", type=_bytes, default=default(0), metavar="BYTES",
                         help="fixed costs the engine's fit-check adds that unit_bytes omits")
-    budget.add_argument("--kv-floor", type=_count, default=_DEFAULT_SPEC.kv_floor_tokens,
+    budget.add_argument("--kv-floor", type=_count,
+                        default=default(_DEFAULT_SPEC.kv_floor_tokens),
                         metavar="TOKENS", help="KV of the lowest rung (default 4k)")
     budget.add_argument("--kv-max", type=_count, default=None, metavar="TOKENS",
                         help="KV of the top rung: the model's context (default: what fits)")
-    budget.add_argument("--spacing", choices=("geometric", "linear"), default="geometric",
-                        help="rung spacing (default geometric)")
-    budget.add_argument("--kv-ratio", type=float, default=_DEFAULT_SPEC.kv_step_ratio,
+    budget.add_argument("--spacing", choices=("geometric", "linear"),
+                        default=default("geometric"), help="rung spacing (default geometric)")
+    budget.add_argument("--kv-ratio", type=float, default=default(_DEFAULT_SPEC.kv_step_ratio),
                         help="geometric step between rungs (default 1.414)")
-    budget.add_argument("--kv-step", type=_count, default=_DEFAULT_SPEC.kv_step_tokens,
+    budget.add_argument("--kv-step", type=_count, default=default(_DEFAULT_SPEC.kv_step_tokens),
                         metavar="TOKENS",
                         help="linear step between rungs; with geometric spacing, the largest "
                              "step (default 32k)")
@@ -100,11 +136,15 @@ def _read_status_file(path: Path) -> Any:
 
 
 async def _fetch_status(url: str, api_key: str | None, timeout_s: float) -> CacheStatus:
-    from ladder.client import ClientError, FtServeClient
+    from ladder.client import ClientError, FtServeClient, Unauthorized
 
     try:
         async with FtServeClient(url, api_key=api_key, timeout_s=timeout_s) as client:
             return await client.cache_status()
+    except Unauthorized as exc:
+        sent = "the key sent was refused" if api_key else "no API key was sent"
+        raise BadInput(f"--server {url}: {exc} ({sent}; give --api-key KEY or set "
+                       f"$LADDER_API_KEY)") from None
     except ClientError as exc:
         raise BadInput(f"--server {url}: {exc}") from None
 
@@ -122,18 +162,36 @@ def _load_status(args: argparse.Namespace) -> CacheStatus:
                                      args.timeout_s))
 
 
+# The flag a user typed for each LadderSpec field, so an error names what to change.
+_LAYOUT_FLAGS = {"kv_floor_tokens": "--kv-floor", "kv_max_tokens": "--kv-max",
+                 "kv_step_ratio": "--kv-ratio", "kv_step_tokens": "--kv-step",
+                 "reserve_bytes": "--reserve", "fixed_bytes": "--fixed-bytes"}
+
+
+def _as_flags(message: str) -> str:
+    return re.sub(r"\b(" + "|".join(_LAYOUT_FLAGS) + r")\b",
+                  lambda m: _LAYOUT_FLAGS[m.group(1)], message)
+
+
 def _spec(args: argparse.Namespace) -> LadderSpec:
     try:
         return LadderSpec(kv_floor_tokens=args.kv_floor, kv_max_tokens=args.kv_max,
                           spacing=args.spacing, kv_step_ratio=args.kv_ratio,
                           kv_step_tokens=args.kv_step, reserve_bytes=args.reserve)
     except ValueError as exc:
-        raise BadInput(str(exc)) from None
+        raise BadInput(_as_flags(str(exc))) from None
 
 
 def _model(args: argparse.Namespace, status: CacheStatus) -> MemoryModel:
-    return MemoryModel.from_status(status, fixed_bytes=args.fixed_bytes,
-                                   reserve_bytes=args.reserve)
+    model = MemoryModel.from_status(status, fixed_bytes=args.fixed_bytes,
+                                    reserve_bytes=args.reserve)
+    if model.budget_bytes <= 0:
+        given = " + ".join(f"{flag} {format_bytes(getattr(args, attr))}" for flag, attr in (
+            ("--reserve", "reserve"), ("--fixed-bytes", "fixed_bytes")) if getattr(args, attr))
+        raise BadInput(f"{given} leaves nothing of the server's cache budget of "
+                       f"{format_bytes(status.cache_budget_bytes)} "
+                       f"({status.cache_budget_bytes} B)")
+    return model
 
 
 def _target(text: str, status: CacheStatus) -> Geometry:
@@ -166,12 +224,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_rungs(args: argparse.Namespace) -> int:
     status = _load_status(args)
     model = _model(args, status)
-    ladder = build_ladder(model, status.geometry, _spec(args))
+    spec = _spec(args)
+    ladder = build_ladder(model, status.geometry, spec)
+    hint = small_budget_hint(ladder, spec)
     obj = {"budget_bytes": model.budget_bytes,
            "rungs": [r.to_json() for r in ladder.rungs],
            "live_rung": ladder.index_of(status.geometry),
-           "dropped": [{"kv_tokens": d.kv_tokens, "reason": d.reason} for d in ladder.dropped]}
-    _emit(args, obj, render_ladder(ladder, status.geometry))
+           "dropped": [{"kv_tokens": d.kv_tokens, "reason": d.reason} for d in ladder.dropped],
+           "hint": None if hint is None else hint.message(len(ladder.rungs))}
+    _emit(args, obj, render_ladder(ladder, status.geometry, hint))
     return 0 if ladder.rungs else 1
 
 
@@ -179,7 +240,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = _load_status(args)
     model = _model(args, status)
     ranges = reachable_ranges(model, status.geometry, status.limits)
-    ladder = build_ladder(model, status.geometry, _spec(args))
+    spec = _spec(args)
+    ladder = build_ladder(model, status.geometry, spec)
+    hint = small_budget_hint(ladder, spec)
     obj = {"state": status.state, "engine": status.engine.name,
            "geometry": status.geometry.to_json(),
            "allocated_bytes": model.total_bytes(status.geometry),
@@ -189,8 +252,10 @@ def cmd_status(args: argparse.Namespace) -> int:
            "ranges": [{"pool": r.pool, "unit": r.unit, "min": r.minimum, "current": r.current,
                        "max_keeping_others": r.max_keeping_others,
                        "max_with_others_at_floor": r.max_with_others_at_floor,
-                       "advertised_max": r.advertised_max} for r in ranges]}
-    text = render_pools(status, model, ranges) + "\n\n" + render_ladder(ladder, status.geometry)
+                       "advertised_max": r.advertised_max} for r in ranges],
+           "hint": None if hint is None else hint.message(len(ladder.rungs))}
+    text = (render_pools(status, model, ranges) + "\n\n"
+            + render_ladder(ladder, status.geometry, hint))
     _emit(args, obj, text)
     return 0
 
@@ -211,6 +276,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
         args.server = args.server or DEFAULT_SERVER
         return cmd_plan(args)
     url = args.server or DEFAULT_SERVER
+    # Read once first: a server that cannot be reached, or a target or budget flag that is
+    # wrong, is bad input (exit 2, nothing sent), the same as for `plan` and `status`.
+    status = _load_status(args)
+    _model(args, status)
+    _target(args.to, status)
     settings = ApplySettings(rebuild_wait_s=args.wait_s, idle_wait_s=args.idle_wait_s,
                              fixed_bytes=args.fixed_bytes, reserve_bytes=args.reserve)
 
@@ -237,18 +307,43 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def _load_config(args: argparse.Namespace) -> Any:
     from ladder.config import ConfigError, cli_overrides, load
+    from ladder.daemon import load_policies
 
     path = args.config or os.environ.get("LADDER_CONFIG")
     try:
+        layout = {key: getattr(args, flag.lstrip("-").replace("-", "_"), None)
+                  for key, flag in _LAYOUT_FLAGS.items()}
+        layout["spacing"] = getattr(args, "spacing", None)
         cli = cli_overrides(server=getattr(args, "server", None),
                             api_key=getattr(args, "api_key", None),
                             policy=getattr(args, "policy", None),
                             poll_s=getattr(args, "poll_s", None),
-                            gate=getattr(args, "gate", None), listen=getattr(args, "listen", None))
-        return load(path, dict(os.environ), cli,
-                    single_server=getattr(args, "server", None) is not None)
+                            gate=getattr(args, "gate", None), listen=getattr(args, "listen", None),
+                            ladder=layout,
+                            policy_options=dict(getattr(args, "policy_option", None) or []))
+        config = load(path, dict(os.environ), cli,
+                      single_server=getattr(args, "server", None) is not None)
+        load_policies(config)
+        return config
     except ConfigError as exc:
-        raise BadInput(str(exc)) from None
+        raise BadInput(_config_error_as_flag(exc)) from None
+
+
+# What `ladder run` calls each key it sets from a flag, for errors about that value.
+_RUN_FLAGS = {"url": "--server", "api_key": "--api-key", "policy": "--policy",
+              "poll_s": "--poll-s", "gate_listen": "--gate", "listen": "--listen",
+              "spacing": "--spacing", **_LAYOUT_FLAGS}
+
+
+def _config_error_as_flag(exc: Any) -> str:
+    """A config error about a value typed as a flag names the flag, not the key path."""
+    text = str(exc)
+    if "(from the command line)" not in text or not exc.key:
+        return text
+    flag = _RUN_FLAGS.get(exc.key.rsplit(".", 1)[-1])
+    if flag is None:
+        return text
+    return f"{flag}: {exc.message.replace(' (from the command line)', '')}"
 
 
 def _setup_logging(fmt: str, level: str) -> None:
@@ -258,8 +353,8 @@ def _setup_logging(fmt: str, level: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ladder.config import ConfigError
     from ladder.daemon import run_daemon
-    from policies.registry import PolicyLoadError
 
     config = _load_config(args)
     _setup_logging(config.log.format, config.log.level)
@@ -270,7 +365,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(run_daemon(config, on_ready=ready))
-    except PolicyLoadError as exc:
+    except ConfigError as exc:
         raise BadInput(str(exc)) from None
     except OSError as exc:
         raise BadInput(f"cannot listen: {exc.strerror or exc}") from None
@@ -303,9 +398,16 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _require_torch("demo")
     from ladder.demo import plot, render_summary, run_demo
 
     if args.plot:
+        # Checked before the demo runs: a minute of work must not end in a path error.
+        folder = Path(args.plot).resolve().parent
+        if not folder.is_dir():
+            raise BadInput(f"--plot {args.plot}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise BadInput(f"--plot {args.plot}: folder {folder} is not writable")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -350,7 +452,17 @@ def _engine_config(args: argparse.Namespace) -> Any:
         raise BadInput(str(exc)) from None
 
 
+def _require_torch(command: str) -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise BadInput(f"`ladder {command}` runs the reference engine, which needs torch: "
+                       f"install the engine extra, e.g. pip install torch==2.13.0 -e \".[engine]\" "
+                       f"(the daemon itself needs no torch)") from None
+
+
 def cmd_engine(args: argparse.Namespace) -> int:
+    _require_torch("engine")
     import torch
 
     from engine.runtime import ReferenceEngine
@@ -375,9 +487,20 @@ def cmd_engine(args: argparse.Namespace) -> int:
               f"rebuilds, {config.device}): {g.moe_cache_size} expert slots, "
               f"{g.num_pages * config.model.page_size} KV tokens, {g.num_mamba_slots} mamba "
               f"slots, budget {engine.memory_model.cache_budget_bytes} B", flush=True)
+        status = parse_cache_status(engine.status_doc())
+        ladder = build_ladder(MemoryModel.from_status(status), status.geometry, _DEFAULT_SPEC)
+        hint = small_budget_hint(ladder, _DEFAULT_SPEC)
+        flags = "" if hint is None else f" {hint.flags()}"
+        print(f"steer it with: ladder run --server {args.host}:{port}{flags}", flush=True)
+        if hint is not None:
+            print(f"  ({hint.message(len(ladder.rungs))})", flush=True)
 
-    asyncio.run(serve(engine, host=args.host, port=args.port, api_key=args.api_key,
-                      on_ready=ready))
+    try:
+        asyncio.run(serve(engine, host=args.host, port=args.port, api_key=args.api_key,
+                          on_ready=ready))
+    except OSError as exc:
+        raise BadInput(f"--host {args.host} --port {args.port}: cannot listen: "
+                       f"{exc.strerror or exc}") from None
     return 0
 
 
@@ -433,10 +556,21 @@ def _add_engine(sub: Any) -> None:
     p.set_defaults(func=cmd_engine)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moe-ladder")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ladder", description=(
         "Resize ft serve's expert slots and KV pages without OOM: free-first plans, "
         "precomputed rungs, and a daemon that steps between them."))
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("plan", help="plan a safe transition to a target geometry",
@@ -481,16 +615,21 @@ def build_parser() -> argparse.ArgumentParser:
                                    "defaults < --config TOML < LADDER_* environment < flags "
                                    "(docs/config.md). Stops cleanly on SIGINT/SIGTERM.")
     p.add_argument("--config", default=None, metavar="FILE", help="ladder.toml")
-    p.add_argument("--server", default=None, metavar="URL",
-                   help="one server to steer (overrides the file's [[servers]])")
+    p.add_argument("--server", type=_server_url, default=None, metavar="URL",
+                   help="one server to steer, as a URL or HOST:PORT (overrides the file's "
+                        "[[servers]])")
     p.add_argument("--api-key", default=None, help="the server's API key (ft serve 0.2.1)")
     p.add_argument("--policy", default=None, help="policy name or module:attr (default headroom)")
+    p.add_argument("--policy-option", action="append", default=[], type=_policy_option,
+                   metavar="KEY=VALUE", help="an option for the policy, read as a TOML value "
+                   "(growth_tokens=256, dwell_s=60); repeat for more")
     p.add_argument("--poll-s", default=None, type=float, help="observation period (default 2)")
     p.add_argument("--gate", default=None, metavar="HOST:PORT",
                    help="run the admission gate here, in front of the server's OpenAI and "
                         "Anthropic routes")
     p.add_argument("--listen", default=None, metavar="HOST:PORT",
                    help="the daemon's /status and /metrics (default 127.0.0.1:9190)")
+    _add_layout(p, defaults=False)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("config", help="check a config file")

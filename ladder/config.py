@@ -56,6 +56,7 @@ __all__ = [
     "load_toml",
     "merge",
     "parse_hostport",
+    "server_url",
     "to_json",
 ]
 
@@ -217,10 +218,16 @@ def _secret(value: object) -> str:
     return value
 
 
-def _url(value: object) -> str:
-    text: str = _text(what="an http:// or https:// URL")(value)
+def server_url(value: object) -> str:
+    """An http(s) URL, or `HOST:PORT` as `ft ctl` users type it (read as http://HOST:PORT);
+    ValueError naming what is wrong."""
+    what = "an http:// or https:// URL, or HOST:PORT"
+    text: str = _text(what=what)(value)
+    if "://" not in text and re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):\d{1,5}", text):
+        parse_hostport(text)  # the port's range
+        text = f"http://{text}"
     if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):
-        raise _Bad(f"expected an http:// or https:// URL, got {value!r}")
+        raise _Bad(f"expected {what}, got {value!r}")
     return text.rstrip("/")
 
 
@@ -296,7 +303,7 @@ class ServerConfig:
     """One `ft serve` the daemon steers; several `[[servers]]` may share one daemon."""
 
     name: str = _key("default", _text(_NAME, "a name of letters, digits, '.', '_' or '-'"))
-    url: str = _key("http://127.0.0.1:1919", _url)
+    url: str = _key("http://127.0.0.1:1919", server_url)
     api_key: str | None = _key(None, _optional(_secret), repr=False)
     api_key_env: str | None = _key(None, _optional(_text(_ENV_VAR, "an environment variable "
                                                                    "name")))
@@ -366,6 +373,7 @@ class LogConfig:
     format: Literal["text", "json"] = _key("text", _choice("text", "json"))
     level: Literal["debug", "info", "warning", "error"] = _key(
         "info", _choice("debug", "info", "warning", "error"))
+    repeat_s: float = _key(300.0, _float(positive=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,7 +514,7 @@ def _resolve(parts: Sequence[str], source: Source, *, wildcard: bool) -> KeyPath
         elif key == _OPTIONS:
             if len(rest) != 1 or not rest[0]:
                 raise ConfigError(_label(path), f"name one option, like "
-                                                f"{_label(path)}.window_s{origin}")
+                                                f"{_label(path)}.dwell_s{origin}")
             path.append(rest.pop(0))
             return tuple(path)
         else:
@@ -726,15 +734,22 @@ def load(path: str | Path | None, env: Mapping[str, str] | None = None,
 
 def cli_overrides(*, server: str | None = None, api_key: str | None = None,
                   policy: str | None = None, poll_s: float | str | None = None,
-                  gate: str | None = None, listen: str | None = None) -> dict[str, Any]:
+                  gate: str | None = None, listen: str | None = None,
+                  ladder: Mapping[str, Any] | None = None,
+                  policy_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The `cli` layer from flags; pass `single_server=server is not None` to `merge`.
 
-    `--policy` and `--gate` apply to every server (`servers.*`), so `--gate` with several
-    servers fails as a duplicate bind: a gate address only makes sense for one server.
+    `--policy`, `--gate`, the ladder-layout flags (`ladder`: LadderConfig key -> value) and
+    `--policy-option` (`policy_options`) apply to every server (`servers.*`), so `--gate` with
+    several servers fails as a duplicate bind: a gate address only makes sense for one server.
     """
     out: dict[str, Any] = {"servers.0.url": server, "servers.0.api_key": api_key,
                            "servers.*.policy": policy, "servers.*.gate_listen": gate,
                            "control.poll_s": poll_s}
+    for key, value in (ladder or {}).items():
+        out[f"servers.*.ladder.{key}"] = value
+    for key, value in (policy_options or {}).items():
+        out[f"servers.*.policy_options.{key}"] = value
     if listen is not None:
         try:
             out["listen.host"], out["listen.port"] = parse_hostport(listen, any_port=True)

@@ -21,12 +21,13 @@ from typing import Any
 
 from engine.budget import MemoryModel
 from engine.geometry import CacheStatus, Geometry
-from ladder.client import ClientError, FtServeClient
+from ladder.client import ClientError, FtServeClient, Unauthorized
 from ladder.clock import Clock, SystemClock
 from ladder.executor import ApplyResult, ApplySettings, apply_target
 from ladder.gate import ChangeNotifier
+from ladder.logs import LogThrottle
 from ladder.metrics import DaemonMetrics
-from ladder.rungs import Ladder, LadderSpec, build_ladder
+from ladder.rungs import Ladder, LadderSpec, build_ladder, small_budget_hint
 from ladder.safeguards import Safeguards
 from ladder.wire import RequestEntry
 from policies.api import Decision, LadderView, Observation, Policy
@@ -46,6 +47,8 @@ class ControlSettings:
     poll_s: float = 2.0
     transition_estimate_s: float = 1.0
     history_requests: int = 64
+    # An unchanged decision or a repeated warning is logged at most this often.
+    log_repeat_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class ServerController:
         self._cursor: int | None = None
         self._measured = _Measured()
         self._last_tokens: tuple[float, float, int | None] | None = None
+        self._log = LogThrottle(repeat_s=self.settings.log_repeat_s)
         self._transitioning = False
         self._wake = asyncio.Event()
         self._changed = ChangeNotifier()
@@ -172,6 +176,10 @@ class ServerController:
         self._measured = _Measured()
         log.info("ladder built", extra={"server": self.name, "rungs": len(self.ladder.rungs),
                                         "instance": self.instance_id})
+        hint = small_budget_hint(self.ladder, spec)
+        if hint is not None:
+            log.warning("small ladder", extra={"server": self.name,
+                                               "hint": hint.message(len(self.ladder.rungs))})
 
     def _place(self, geometry: Geometry) -> int | None:
         return None if self.ladder is None else self.ladder.index_of(geometry)
@@ -187,10 +195,18 @@ class ServerController:
             self.last_error = str(exc)
             self.safeguards.record_read(now, ok=False)
             self.metrics.read_failures.labels(self.name).inc()
-            log.warning("observation failed", extra={"server": self.name, "error": str(exc)})
+            held = self._log.warning("observe", str(exc), now)
+            if held is not None:
+                hint = ({"hint": "the server wants an API key: set api_key_env (or api_key) "
+                                 "for this server, or --api-key"}
+                        if isinstance(exc, Unauthorized) else {})
+                log.warning("observation failed", extra={"server": self.name, "error": str(exc),
+                                                         "repeats_not_logged": held, **hint})
             return None
         self.safeguards.record_read(now, ok=True)
         self.last_error = None
+        if self._log.clear("observe"):
+            log.info("observation recovered", extra={"server": self.name})
         if health.instance_id != self.instance_id:
             if self.instance_id is not None:
                 log.warning("server restarted", extra={"server": self.name,
@@ -259,9 +275,14 @@ class ServerController:
         self.last_verdict = verdict.reason
         self.metrics.decisions.labels(self.name, self.policy_name,
                                       "go" if verdict.allowed else "hold").inc()
-        log.info("decision", extra={"server": self.name, "rung": obs.rung,
-                                    "wanted": decision.rung, "reason": decision.reason,
-                                    "allowed": verdict.allowed, "verdict": verdict.reason})
+        # The reason's figures move every tick; the line is news when the outcome changes.
+        held = self._log.state("decision", (obs.rung, decision.rung, verdict.allowed,
+                                            verdict.code), obs.now_s)
+        if held is not None:
+            log.info("decision", extra={"server": self.name, "rung": obs.rung,
+                                        "wanted": decision.rung, "reason": decision.reason,
+                                        "allowed": verdict.allowed, "verdict": verdict.reason,
+                                        "unchanged_not_logged": held})
         if verdict.allowed and verdict.rung != obs.rung:
             await self.transition(verdict.rung, decision.reason)
         self._notify()
@@ -353,6 +374,7 @@ class ServerController:
 
 
 def _record_json(record: TransitionRecord) -> dict[str, Any]:
-    return {"from_rung": record.from_rung, "to_rung": record.to_rung, "reason": record.reason,
+    return {"started_s": record.started_s, "from_rung": record.from_rung,
+            "to_rung": record.to_rung, "reason": record.reason,
             "reached": record.reached, "seconds": round(record.seconds, 3),
             "steps": record.result["steps"], "result": record.result["reason"]}

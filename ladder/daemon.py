@@ -2,8 +2,11 @@
 HTTP endpoint (/healthz, /readyz, /status, /metrics), wired from a `DaemonConfig`.
 
 /healthz never depends on the engine (a down engine must not get the daemon restarted);
-/readyz is 200 once every server has been observed once. Listeners bind 127.0.0.1 unless
-configured otherwise, and a warning is logged when one is bound elsewhere without a token.
+/readyz is 200 once every server has been observed once. /status keeps the controllers'
+monotonic timestamps (`*_s`, what the logic compares) and adds each as wall-clock ISO 8601
+UTC beside it (`*_at`), which is what a person reading it at 3 a.m. can use. Listeners bind
+127.0.0.1 unless configured otherwise, and a warning is logged when one is bound elsewhere
+without a token.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -23,19 +28,41 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ladder.client import FtServeClient
 from ladder.clock import Clock, SystemClock
-from ladder.config import DaemonConfig, ServerConfig, parse_hostport, to_json
+from ladder.config import ConfigError, DaemonConfig, ServerConfig, parse_hostport, to_json
 from ladder.controller import ControlSettings, ServerController
 from ladder.gate import Gate, GateSettings
 from ladder.metrics import DaemonMetrics
 from ladder.safeguards import Safeguards, SafeguardSettings
-from policies.registry import load_policy
+from policies.api import Policy
+from policies.registry import PolicyLoadError, load_policy
 
-__all__ = ["Daemon", "build_daemon"]
+__all__ = ["Daemon", "build_daemon", "load_policies"]
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "moe-ladder.status.v1"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Monotonic instants in /status (durations such as `cooldown_s` are not instants).
+_INSTANTS_S = frozenset({"as_of_s", "breaker_open_until_s", "backoff_until_s",
+                         "last_transition_s", "rung_since_s", "started_s"})
+
+
+def _iso(wall_s: float) -> str:
+    return datetime.fromtimestamp(wall_s, UTC).isoformat(timespec="milliseconds")
+
+
+def with_wall_times(doc: Any, now_s: float, now_wall_s: float) -> Any:
+    """`doc` with an ISO 8601 `<name>_at` beside every monotonic instant `<name>_s`."""
+    if isinstance(doc, list):
+        return [with_wall_times(item, now_s, now_wall_s) for item in doc]
+    if not isinstance(doc, dict):
+        return doc
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        out[key] = with_wall_times(value, now_s, now_wall_s)
+        if key in _INSTANTS_S and isinstance(value, int | float):
+            out[key[:-2] + "_at"] = _iso(now_wall_s - (now_s - value))
+    return out
 
 
 @dataclass
@@ -45,6 +72,7 @@ class Daemon:
     gates: dict[str, Gate]
     metrics: DaemonMetrics
     session: aiohttp.ClientSession
+    clock: Clock = field(default_factory=SystemClock)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     listening: dict[str, int] = field(default_factory=dict)
 
@@ -60,7 +88,10 @@ class Daemon:
                                "forwarded_total": stats.forwarded_total,
                                "refused_total": dict(stats.refused_total)}
             servers.append(doc)
-        return {"schema_version": SCHEMA_VERSION, "servers": servers,
+        now_s, now_wall_s = self.clock.monotonic(), time.time()
+        return {"schema_version": SCHEMA_VERSION, "as_of_s": now_s,
+                "as_of_at": _iso(now_wall_s),
+                "servers": with_wall_times(servers, now_s, now_wall_s),
                 "config": to_json(self.config)}
 
     def ready_reasons(self) -> list[str]:
@@ -149,6 +180,21 @@ def _api_key(server: ServerConfig) -> str | None:
     return None
 
 
+def load_policies(config: DaemonConfig) -> dict[str, Policy]:
+    """Every server's policy, built with its options: `config check` and the daemon's start
+    share it, so a config that checks is a config that runs. Errors are ConfigErrors naming
+    the server's key."""
+    policies: dict[str, Policy] = {}
+    for index, server in enumerate(config.servers):
+        try:
+            policies[server.name] = load_policy(server.policy, server.policy_options)
+        except PolicyLoadError as exc:
+            raise ConfigError(f"servers[{index}].policy", str(exc)) from None
+        except (TypeError, ValueError) as exc:  # the factory refused its options
+            raise ConfigError(f"servers[{index}].policy_options", str(exc)) from None
+    return policies
+
+
 def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
                  clock: Clock | None = None, metrics: DaemonMetrics | None = None) -> Daemon:
     """Controllers, policies, safeguards and gates for every configured server."""
@@ -157,10 +203,11 @@ def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
     s = config.safeguards
     controllers: list[ServerController] = []
     gates: dict[str, Gate] = {}
+    policies = load_policies(config)
     for server in config.servers:
         client = FtServeClient(server.url, api_key=_api_key(server), timeout_s=server.timeout_s,
                                session=session)
-        policy = load_policy(server.policy, server.policy_options)
+        policy = policies[server.name]
         safeguards = Safeguards(SafeguardSettings(
             cooldown_s=s.cooldown_s, min_dwell_s=s.min_dwell_s, down_tolerance=s.down_tolerance,
             max_transitions_per_hour=s.max_transitions_per_hour,
@@ -169,7 +216,8 @@ def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
             fallback_after_failed_reads=s.fallback_after_failed_reads))
         controller = ServerController(
             server.name, client, policy, safeguards, spec=server.ladder.to_spec(),
-            settings=ControlSettings(poll_s=config.control.poll_s),
+            settings=ControlSettings(poll_s=config.control.poll_s,
+                                     log_repeat_s=config.log.repeat_s),
             apply_settings=config.control.apply_settings(server.ladder), clock=clock,
             metrics=metrics, policy_name=server.policy)
         controllers.append(controller)
@@ -180,7 +228,7 @@ def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
             controller.request_log_listeners.append(gate.observe_request_log)
             controller.forwarded_kv_tokens = gate.forwarded_kv_tokens
             gates[server.name] = gate
-    return Daemon(config, controllers, gates, metrics, session)
+    return Daemon(config, controllers, gates, metrics, session, clock)
 
 
 async def run_daemon(config: DaemonConfig, *,

@@ -1,12 +1,19 @@
 """The daemon's Prometheus metrics, on a private registry (`ladder_` prefix, base units).
 
-ft serve has no /metrics of its own, so the daemon also re-exports the server's `/v1/stats`
-as gauges, labelled by server name (a bounded set: one per `[[servers]]`).
+ft serve has no /metrics of its own, so the daemon also re-exports the server's `/v1/stats`,
+labelled by server name (a bounded set: one per `[[servers]]`): levels as gauges, and the
+server's running total of completion tokens as a counter (`_total`), so `rate()` works on it
+and handles a server restart as a counter reset. `ladder_live_*` are the sizes the server holds
+now, on a rung or not; `ladder_rung` says which rung that is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from engine.budget import MemoryModel
 from engine.geometry import Geometry
@@ -21,12 +28,12 @@ class DaemonMetrics:
         r = self.registry
         self.rung = Gauge("ladder_rung", "Index of the live rung (-1 when off the ladder)",
                           ["server"], registry=r)
-        self.rung_kv_tokens = Gauge("ladder_rung_kv_tokens", "KV tokens of the live geometry",
+        self.live_kv_tokens = Gauge("ladder_live_kv_tokens", "KV tokens the server holds now",
                                     ["server"], registry=r)
-        self.rung_expert_slots = Gauge("ladder_rung_expert_slots",
-                                       "Expert slots of the live geometry", ["server"], registry=r)
-        self.rung_mamba_slots = Gauge("ladder_rung_mamba_slots",
-                                      "Mamba slots of the live geometry", ["server"], registry=r)
+        self.live_expert_slots = Gauge("ladder_live_expert_slots",
+                                       "Expert slots the server holds now", ["server"], registry=r)
+        self.live_mamba_slots = Gauge("ladder_live_mamba_slots",
+                                      "Mamba slots the server holds now", ["server"], registry=r)
         self.rungs = Gauge("ladder_rungs", "Rungs on the ladder", ["server"], registry=r)
         self.budget_bytes = Gauge("ladder_budget_bytes", "Budget every instant must fit in",
                                   ["server"], registry=r)
@@ -67,16 +74,17 @@ class DaemonMetrics:
                                           ["server"], registry=r)
         self.server_vram_bytes = Gauge("ladder_server_vram_bytes", "ft serve /v1/stats vram_bytes",
                                        ["server"], registry=r)
-        self.server_completion_tokens = Gauge(
-            "ladder_server_completion_tokens", "ft serve requests.completion_tokens_total",
-            ["server"], registry=r)
+        self.server_completion_tokens = _ServerTotal(
+            "ladder_server_completion_tokens",
+            "ft serve /v1/stats requests.completion_tokens_total (the server's own counter)")
+        r.register(self.server_completion_tokens)
 
     def observe_geometry(self, server: str, model: MemoryModel, g: Geometry,
                          rung: int | None, rungs: int) -> None:
         self.rung.labels(server).set(-1 if rung is None else rung)
-        self.rung_kv_tokens.labels(server).set(g.num_pages * model.shape.page_size)
-        self.rung_expert_slots.labels(server).set(g.moe_cache_size)
-        self.rung_mamba_slots.labels(server).set(g.num_mamba_slots)
+        self.live_kv_tokens.labels(server).set(g.num_pages * model.shape.page_size)
+        self.live_expert_slots.labels(server).set(g.moe_cache_size)
+        self.live_mamba_slots.labels(server).set(g.num_mamba_slots)
         self.rungs.labels(server).set(rungs)
         self.budget_bytes.labels(server).set(model.budget_bytes)
         self.allocated_bytes.labels(server).set(model.total_bytes(g))
@@ -92,4 +100,24 @@ class DaemonMetrics:
         if stats.vram_bytes is not None:
             self.server_vram_bytes.labels(server).set(stats.vram_bytes)
         if stats.completion_tokens_total is not None:
-            self.server_completion_tokens.labels(server).set(stats.completion_tokens_total)
+            self.server_completion_tokens.values[server] = stats.completion_tokens_total
+
+
+class _ServerTotal(Collector):
+    """A counter whose value is another process's running total, read as it is.
+
+    prometheus_client's Counter can only be incremented; this one is set from the last
+    observation and exported with counter type, so a server restart reads as a reset."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name, self.documentation = name, documentation
+        self.values: dict[str, float] = {}
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, labels=["server"])
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=["server"])
+        for server, value in sorted(self.values.items()):
+            family.add_metric([server], value)
+        yield family

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from engine.budget import MemoryModel
 from engine.geometry import CacheStatus, Geometry
 from engine.planner import Plan
-from ladder.rungs import Ladder, PoolRange
+from ladder.rungs import Ladder, PoolRange, SmallBudgetHint
 from ladder.units import format_bytes
 
 __all__ = ["geometry_line", "render_ladder", "render_plan", "render_pools"]
@@ -65,7 +65,7 @@ def render_pools(status: CacheStatus, model: MemoryModel, ranges: Sequence[PoolR
     return "\n".join(lines)
 
 
-def render_ladder(ladder: Ladder, live: Geometry) -> str:
+def render_ladder(ladder: Ladder, live: Geometry, hint: SmallBudgetHint | None = None) -> str:
     model = ladder.model
     live_index = ladder.index_of(live)
     lines = [f"{len(ladder.rungs)} rungs within a budget of {format_bytes(model.budget_bytes)} "
@@ -81,6 +81,8 @@ def render_ladder(ladder: Ladder, live: Geometry) -> str:
         lines.append(f"  live geometry ({geometry_line(model, live)}) is not on the ladder")
     for dropped in ladder.dropped:
         lines.append(f"  dropped {dropped.kv_tokens} KV tokens: {dropped.reason}")
+    if hint is not None:
+        lines.append(f"  {hint.message(len(ladder.rungs))}")
     return "\n".join(lines)
 
 
@@ -103,9 +105,12 @@ def render_plan(plan: Plan, model: MemoryModel) -> str:
         lines += _table(rows)
     single = plan.single_call_peak_bytes
     ceiling = plan.ceiling_bytes
-    verdict = ("fits" if single <= ceiling
-               else f"over {'the live bytes' if over else 'the budget'} by "
-                    f"{format_bytes(single - ceiling)}: it can OOM and roll back")
+    if single > ceiling:
+        verdict = (f"over {'the live bytes' if over else 'the budget'} by "
+                   f"{format_bytes(single - ceiling)}: it can OOM and roll back")
+    else:
+        # Within the bytes, but an infeasible plan here means the target itself is refused.
+        verdict = "fits" if plan.feasible else "within the budget, but see below"
     lines.append(f"as one call: peak {format_bytes(single)} ({single} B), {verdict}")
     lines.append(("feasible: " if plan.feasible else "infeasible: ") + plan.reason)
     return "\n".join(lines)

@@ -34,14 +34,17 @@ from engine.planner import SIZE_FIELD, Plan, plan_transition, pool_size
 from policies.api import LadderView, RungView
 
 __all__ = [
+    "MIN_USEFUL_RUNGS",
     "DroppedRung",
     "Ladder",
     "LadderSpec",
     "PoolRange",
     "Rung",
+    "SmallBudgetHint",
     "build_ladder",
     "kv_levels",
     "reachable_ranges",
+    "small_budget_hint",
 ]
 
 log = logging.getLogger(__name__)
@@ -137,6 +140,42 @@ def kv_levels(spec: LadderSpec, *, page_size: int, kv_max_tokens: int) -> list[i
     if top >= page_size:
         levels.append(top)
     return levels
+
+
+# Fewer rungs than this and there is little to step between: the ladder is mostly one size.
+MIN_USEFUL_RUNGS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SmallBudgetHint:
+    """A floor and a growth reserve that give a small budget a ladder worth stepping on."""
+
+    top_kv_tokens: int
+    kv_floor_tokens: int
+    growth_tokens: int
+
+    def flags(self) -> str:
+        return (f"--kv-floor {self.kv_floor_tokens} "
+                f"--policy-option growth_tokens={self.growth_tokens}")
+
+    def message(self, rungs: int) -> str:
+        return (f"this budget holds at most {self.top_kv_tokens:,} KV tokens, so the "
+                f"{rungs}-rung ladder leaves the daemon little to step between (and headroom's "
+                f"default 8k growth reserve never fits): for `ladder run`, try {self.flags()}")
+
+
+def small_budget_hint(ladder: Ladder, spec: LadderSpec) -> SmallBudgetHint | None:
+    """For a budget too small for `spec`'s floor to leave `MIN_USEFUL_RUNGS` rungs (a scaled
+    reference card, a big model on a small card): a floor 1/16 of the top rung, as a power of
+    two, and a growth reserve of twice that. None when the ladder is fine or cannot go lower."""
+    if not ladder.rungs or len(ladder.rungs) >= MIN_USEFUL_RUNGS:
+        return None
+    top = ladder.rungs[-1].kv_tokens
+    page = ladder.model.shape.page_size
+    floor = max(page, 1 << max(0, (top // 16).bit_length() - 1))
+    if floor >= spec.kv_floor_tokens:
+        return None
+    return SmallBudgetHint(top, floor, 2 * floor)
 
 
 def build_ladder(model: MemoryModel, live: Geometry, spec: LadderSpec) -> Ladder:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from engine.runtime import ReferenceEngine
+from engine.server import make_app
 from ladder.cli import _engine_config, build_parser, main
+from ladder.demo import demo_engine_config
 from tests.conftest import FIXTURES
 
 REPORT = str(FIXTURES / "seed-rtx5080-status.json")
@@ -67,7 +72,7 @@ def test_infeasible_plan_exits_1_with_reason(capsys: pytest.CaptureFixture[str])
         (["plan", "--status", "/nonexistent.json", "--to", "moe=1"], "cannot read --status"),
         (["plan", "--status", REPORT, "--server", "http://127.0.0.1:1", "--to", "moe=1"],
          "not both"),
-        (["rungs", "--status", REPORT, "--kv-ratio", "0.5"], "kv_step_ratio"),
+        (["rungs", "--status", REPORT, "--kv-ratio", "0.5"], "--kv-ratio must be greater than 1"),
         (["plan", "--status", REPORT], "--to"),
         (["rungs", "--status", REPORT, "--reserve", "lots"], "byte size"),
         (["engine", "--kv-tokens", "some"], "--kv-tokens"),
@@ -137,3 +142,55 @@ def test_engine_kv_tokens_auto_boots_like_ft_serve() -> None:
     fixed = _engine_config(build_parser().parse_args(["engine", "--cache-budget", "64MiB",
                                                       "--kv-tokens", "4096"]))
     assert fixed.num_pages == 4096 // fixed.model.page_size and fixed.boot_drift_bytes == 0
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    from importlib.metadata import version
+
+    assert capsys.readouterr().out.strip() == f"ladder {version('moe-ladder')}"
+
+
+def test_a_target_below_the_floor_is_not_called_a_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "--status", REPORT, "--to", "moe=0")
+    assert code == 1
+    assert "fits" not in out
+    assert "infeasible: moe_cache_size 0 is below the floor" in out
+
+
+async def test_host_port_without_a_scheme_works_on_every_command(
+        aiohttp_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # `ft ctl` users type `--server localhost:1919`; it means http://localhost:1919.
+    engine = ReferenceEngine(demo_engine_config())
+    server = await aiohttp_server(make_app(engine))
+    where = f"localhost:{server.port}"
+    target = f"kv={engine.geometry().num_pages * engine.shape.page_size // 2}"
+    for argv in (["status", "--server", where], ["rungs", "--server", where],
+                 ["plan", "--server", where, "--to", target],
+                 ["apply", "--server", where, "--to", target, "--idle-wait-s", "5"]):
+        code, out, err = await asyncio.to_thread(run, capsys, *argv, "--json")
+        assert code == 0, (argv, err)
+        assert json.loads(out)
+    assert engine.geometry().num_pages * engine.shape.page_size == int(target[3:])
+
+
+def test_a_small_budget_gets_a_floor_and_growth_that_fit(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # The report's card scaled to the tiny model holds ~3.3k KV tokens: the 4k floor gives one
+    # rung, and headroom's 8k growth reserve never fits. The hint's flags give a real ladder.
+    from engine.runtime import ReferenceEngine as Engine
+    from engine.scenarios import report_config
+
+    status = tmp_path / "report.json"
+    status.write_text(json.dumps(Engine(report_config()).status_doc()))
+    code, out, _ = run(capsys, "rungs", "--status", str(status), "--json")
+    doc = json.loads(out)
+    assert code == 0 and len(doc["rungs"]) < 4
+    assert "try --kv-floor 128 --policy-option growth_tokens=256" in doc["hint"]
+    code, out, _ = run(capsys, "rungs", "--status", str(status), "--kv-floor", "128")
+    assert code == 0 and "rungs within" in out and "try --kv-floor" not in out
+    assert int(out.split()[0]) >= 4
+    code, out, _ = run(capsys, "rungs", "--status", REPORT)
+    assert "try --kv-floor" not in out  # the real card needs no hint

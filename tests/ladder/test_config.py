@@ -270,7 +270,7 @@ INVALID: list[tuple[dict[str, Any], dict[str, str], dict[str, Any], str, str]] =
      "duplicate server name 'a'"),
     ({"servers": [{"name": "a"}, {}]}, {}, {}, "servers[1].name", "required"),
     ({"servers": [{"name": "bad name"}]}, {}, {}, "servers[0].name", "a name of"),
-    ({"servers": [{"url": "127.0.0.1:1919"}]}, {}, {}, "servers[0].url", "http://"),
+    ({"servers": [{"url": "127.0.0.1"}]}, {}, {}, "servers[0].url", "http://"),
     ({"servers": [{"timeout_s": 0}]}, {}, {}, "servers[0].timeout_s", "greater than 0"),
     ({"servers": [{"policy": "not a policy"}]}, {}, {}, "servers[0].policy", "module:attr"),
     ({"servers": [{"gate_listen": "8000"}]}, {}, {}, "servers[0].gate_listen", "HOST:PORT"),
@@ -480,3 +480,33 @@ def test_docs_name_every_key() -> None:
             if f.name == "ladder":  # a table, documented as [servers.ladder]
                 continue
             assert f"`{prefix}{f.name}`" in text, f"docs/config.md lacks `{prefix}{f.name}`"
+
+
+@pytest.mark.parametrize(("given", "url"), [
+    ("localhost:1919", "http://localhost:1919"), ("[::1]:1919", "http://[::1]:1919"),
+    ("https://gpu0:1919/", "https://gpu0:1919"), ("http://10.0.0.2:1919", "http://10.0.0.2:1919"),
+])
+def test_a_server_may_be_given_as_host_port(given: str, url: str) -> None:
+    assert merge({"servers": [{"url": given}]}).servers[0].url == url
+    assert merge(cli=cli_overrides(server=given), single_server=True).servers[0].url == url
+
+
+@pytest.mark.parametrize("given", ["gpu0", "ftp://gpu0:1919", "gpu0:0", "gpu0:1919/v1", ""])
+def test_a_server_url_that_is_neither_is_refused(given: str) -> None:
+    with pytest.raises(ConfigError, match=r"servers\[0\]\.url"):
+        merge({"servers": [{"url": given}]})
+
+
+def test_run_flags_for_the_ladder_and_the_policy_reach_every_server() -> None:
+    doc = {"servers": [{"name": "a", "ladder": {"kv_floor_tokens": 4096}},
+                       {"name": "b", "policy_options": {"dwell_s": 60}}]}
+    config = merge(doc, cli=cli_overrides(
+        ladder={"kv_floor_tokens": 512, "reserve_bytes": "1GiB", "kv_max_tokens": None},
+        policy_options={"growth_tokens": 256}))
+    for server in config.servers:
+        assert server.ladder.kv_floor_tokens == 512
+        assert server.ladder.reserve_bytes == 1 << 30
+        assert server.ladder.kv_max_tokens is None  # a flag not given changes nothing
+        assert server.policy_options["growth_tokens"] == 256
+    assert config.server("b").policy_options["dwell_s"] == 60
+    assert config.sources["servers[1].ladder.kv_floor_tokens"] == "cli"

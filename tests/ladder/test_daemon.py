@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -63,6 +64,16 @@ async def test_daemon_endpoints_restart_and_sigterm(aiohttp_server: Any) -> None
             text = await resp.text()
         assert 'ladder_rung{server="default"}' in text
         assert "ladder_server_decode_tokens_per_second" in text
+        # The live sizes are named for what they are, and the server's running total of
+        # completion tokens is a counter, so rate() applies to it.
+        kv_tokens = engine.geometry().num_pages * engine.config.model.page_size
+        assert f'ladder_live_kv_tokens{{server="default"}} {float(kv_tokens)}' in text
+        assert "# TYPE ladder_server_completion_tokens_total counter" in text
+        assert 'ladder_server_completion_tokens_total{server="default"}' in text
+        # Every monotonic instant in /status has its wall-clock twin.
+        sg = first["safeguards"]
+        assert sg["as_of_s"] is not None and sg["as_of_at"].endswith("+00:00")
+        assert status["as_of_at"][:4] == str(datetime.now(UTC).year)
         # The daemon moved the engine onto its ladder; a restarted daemon starts from there.
         on_ladder = engine.geometry().to_json()
         proc.send_signal(signal.SIGTERM)
@@ -90,3 +101,16 @@ async def test_daemon_survives_a_down_server_and_says_why() -> None:
             assert (await resp.json())["status"] == "not_ready"
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), timeout=20) == 0
+
+
+def test_status_instants_get_wall_clock_twins_and_durations_do_not() -> None:
+    from ladder.daemon import with_wall_times
+
+    wall_s = datetime(2026, 12, 4, 12, 0, 0, tzinfo=UTC).timestamp()
+    doc = [{"safeguards": {"rung_since_s": 70.0, "cooldown_s": 60.0, "backoff_until_s": None},
+            "last_transition": {"started_s": 100.0, "seconds": 1.5}}]
+    out = with_wall_times(doc, 100.0, wall_s)[0]
+    assert out["safeguards"]["rung_since_at"] == "2026-12-04T11:59:30.000+00:00"
+    assert out["last_transition"]["started_at"] == "2026-12-04T12:00:00.000+00:00"
+    assert "cooldown_at" not in out["safeguards"] and "backoff_until_at" not in out["safeguards"]
+    assert "seconds_at" not in out["last_transition"]
