@@ -633,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("config", help="check a config file")
-    config_sub = p.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    config_sub = p.add_subparsers(dest="config_command", required=True, parser_class=_Parser,
+                                  metavar="check")
     check = config_sub.add_parser("check", help="validate a ladder.toml and explain it",
                                   description="Validate FILE with the environment's LADDER_* "
                                               "overrides and print every effective value with "

@@ -112,6 +112,11 @@ DOWN = "127.0.0.1:9"  # nothing listens on the discard port
     (["engine"], "--device-memory-bytes"),
     (["engine", "--device-memory-bytes", "1MiB"], "fit"),
     (["demo", "--plot", "/nonexistent-folder/run.png"], "/nonexistent-folder"),
+    (["demo", "--seed", "many"], "--seed"),
+    (["policies", "--verbose"], "unrecognized arguments"),
+    (["config"], "required: check"),
+    (["config", "check"], "FILE"),
+    (["nosuch"], "invalid choice"),
 ])
 def test_every_command_refuses_bad_input_in_one_line(
         capsys: pytest.CaptureFixture[str], argv: list[str], names: str) -> None:
