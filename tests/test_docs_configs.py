@@ -1,4 +1,5 @@
-"""Every TOML block in the README and docs/ is a config that checks and then runs.
+"""Every TOML block in the README and docs/, and deploy/*.toml, is a config that checks and
+then runs.
 
 A newcomer copies the full example from docs/config.md; it passed `config check` and then
 `ladder run` died on the policy's options (issue 17). Here each block goes through the real
@@ -30,10 +31,13 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def toml_blocks() -> list[tuple[str, str]]:
+    """Every ```toml block of the docs, and the shipped deployment configs (deploy/*.toml)."""
     found = []
     for path in DOCS:
         for n, block in enumerate(re.findall(r"```toml\n(.*?)```", path.read_text(), re.S)):
             found.append((f"{path.relative_to(ROOT)}#{n}", block))
+    found.extend((str(path.relative_to(ROOT)), path.read_text())
+                 for path in sorted((ROOT / "deploy").glob("*.toml")))
     return found
 
 
