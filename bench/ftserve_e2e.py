@@ -52,6 +52,7 @@ from ladder.client import ClientError, FtServeClient
 from ladder.config import merge
 from ladder.daemon import build_daemon
 from ladder.executor import ApplySettings, apply_target
+from ladder.sse import generated_text
 
 APPLY = ApplySettings(poll_s=0.1, backoff_base_s=0.2, backoff_max_s=2.0, idle_wait_s=120,
                       settle_wait_s=300, rebuild_wait_s=300)
@@ -158,7 +159,7 @@ class Run:
         count = 0
         async with client_session.post(f"{self.url}/v1/completions", json=body) as resp:
             async for line in resp.content:
-                if line.startswith(b"data: {"):
+                if generated_text(line):
                     count += 1
                     last = time.perf_counter()
                     first = first or last

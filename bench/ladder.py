@@ -329,6 +329,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, pro
 
     Like ladder.demo's `_request`, plus TTFT, the error text and per-request rows.
     """
+    from ladder.sse import generated_text
+
     started = time.perf_counter()
     try:
         async with session.post(f"{url}/v1/completions", json={
@@ -341,7 +343,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, pro
             first = last = None
             at_first = at_last = (0, 0)
             async for line in resp.content:
-                if line.startswith(b"data: {"):
+                if generated_text(line):
                     last, at_last = time.perf_counter(), counters()
                     if first is None:
                         first, at_first = last, at_last

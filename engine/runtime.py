@@ -397,12 +397,18 @@ class ReferenceEngine:
             self._forget(run, status, error)
 
     def _fitted_max_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
-        """Admission against the live context: a prompt it cannot hold is refused, and
-        max_tokens is clipped to what is left, as ft serve does (scheduler.py:489-515)."""
+        """Admission against the live context, as ft serve's (scheduler.py
+        `Scheduler._process_one_msg`): a prompt it cannot hold is refused with
+        `context_length_exceeded` and ft serve's message (the phrase agents match on), and
+        prompt + max_tokens above it is not refused: max_tokens is clipped to what is left.
+        The clip is not silent on the wire: the generation ends on its budget and reports
+        `finish_reason: "length"` with the tokens it really made in `usage`, streamed too."""
         limit = self.max_seq_len()
         if prompt_tokens >= limit:
-            raise AdmissionError(400, f"prompt is too long: {prompt_tokens} tokens, the "
-                                      f"context holds {limit}", code="context_length_exceeded")
+            raise AdmissionError(
+                400, f"prompt is too long: {prompt_tokens} tokens > {limit} maximum (prompt + "
+                     "generation); shorten the prompt or increase the KV cache budget",
+                code="context_length_exceeded")
         return max(1, min(max_tokens, limit - prompt_tokens))
 
     def _readmit_waiting(self) -> None:

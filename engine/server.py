@@ -2,6 +2,13 @@
 
 A thin aiohttp adapter over `ReferenceEngine`; every rule lives in the engine or in
 `engine.control`. Bound to 127.0.0.1 unless told otherwise.
+
+The OpenAI routes follow ft serve 0.1.2 (server/openai_api.py), which follows OpenAI: a chat
+stream opens with a `{"role": "assistant", "content": ""}` delta and every stream ends with a
+chunk that carries `finish_reason` (an empty delta, or empty text), then a usage chunk with
+`"choices": []` when `stream_options.include_usage` is set, then `data: [DONE]`
+(`stream_chat_completion_chunks`, `stream_completion_chunks`). Without that last chunk a client
+cannot tell a generation cut at the context (`finish_reason: "length"`) from one that ended.
 """
 
 from __future__ import annotations
@@ -86,6 +93,10 @@ async def rebuild(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     name = engine.config.served_model_name
+    # The model's own limit, as ft serve reports it (openai_api.py `_model_context_length`:
+    # "the model ceiling, not min(ceiling, KV budget): a rebuild moves the latter, and agents
+    # read this once at startup"); the same number as /v1/stats `model.ctx`. What one sequence
+    # may hold now is `engine.max_seq_len()`, min(this, KV tokens), and moves with every rebuild.
     ctx = engine.config.max_seq_len
     return _json({"object": "list", "data": [{
         "id": name, "object": "model", "created": int(time.time()), "owned_by": "moe-ladder",
@@ -99,15 +110,16 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def _error(exc: AdmissionError) -> web.Response:
+    # ft serve's 400 shape (openai_api.py `create_error_response`); its 503s are a bare string.
     if exc.code is not None:
         return _json({"error": {"message": exc.message, "type": "invalid_request_error",
-                                "code": exc.code}}, exc.http_status)
+                                "param": None, "code": exc.code}}, exc.http_status)
     return _json({"error": exc.message}, exc.http_status)
 
 
 def _bad_request(message: str) -> web.Response:
     return _json({"error": {"message": message, "type": "invalid_request_error",
-                            "code": None}}, 400)
+                            "param": None, "code": None}}, 400)
 
 
 def _prompt_of(body: dict[str, Any]) -> str | None:
@@ -128,17 +140,43 @@ def _prompt_of(body: dict[str, Any]) -> str | None:
     return prompt if isinstance(prompt, str) else None
 
 
+# The tiny decoder has no EOS token and no stop strings: every generation ends on its token
+# budget, `max_tokens` or what the context left of it, which ft serve reports as "length"
+# (scheduler.py `_process_last_data`: `hit_length = not req.can_decode`).
+FINISH_REASON = "length"
+# When the body names neither max_completion_tokens nor max_tokens. ft serve takes 32768 and
+# clips it to the context (generation.py DEFAULT_MAX_OUTPUT_TOKENS); on a CPU engine that is
+# minutes of decode, so the reference engine keeps a short default.
+DEFAULT_MAX_TOKENS = 16
+
+
+def _max_tokens_of(body: dict[str, Any]) -> Any:
+    # ft serve: max_completion_tokens, when given, overrides max_tokens; null is "not given"
+    # (api_models.py `_sync_max_completion_tokens`). The gate sizes in the same order.
+    for key in ("max_completion_tokens", "max_tokens"):
+        if body.get(key) is not None:
+            return body[key]
+    return DEFAULT_MAX_TOKENS
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
 async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     body = await _body(request)
     if not isinstance(body, dict):
         return _bad_request("the body must be a JSON object")
     text = _prompt_of(body)
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
+    max_tokens = _max_tokens_of(body)
     seed = body.get("seed", 0)
     if text is None or isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or (
             max_tokens < 1) or isinstance(seed, bool) or not isinstance(seed, int):
         return _bad_request("prompt (or messages) must be text, max_tokens a positive integer")
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
     prompt_ids = engine.tokenizer.encode(text)
     stream = kind == "generate" or bool(body.get("stream", False))
     tokens = engine.generate(prompt_ids, max_tokens, seed=seed, path=request.path,
@@ -149,26 +187,45 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
         return _error(exc)
     except StopAsyncIteration:
         first = None
-    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}" if kind == "chat" else (
+        f"cmpl-{uuid.uuid4().hex}")
     created = int(time.time())
     name = engine.config.served_model_name
     if not stream:
         ids = [] if first is None else [first] + [t async for t in tokens]
         text_out = engine.tokenizer.decode(ids)
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
-                 "total_tokens": len(prompt_ids) + len(ids)}
+        usage = _usage(len(prompt_ids), len(ids))
         if kind == "chat":
             return _json({"id": completion_id, "object": "chat.completion", "created": created,
                           "model": name, "choices": [{
                               "index": 0, "message": {"role": "assistant", "content": text_out},
-                              "finish_reason": "length"}], "usage": usage})
+                              "finish_reason": FINISH_REASON}], "usage": usage})
         return _json({"id": completion_id, "object": "text_completion", "created": created,
                       "model": name, "choices": [{"index": 0, "text": text_out,
-                                                  "finish_reason": "length",
+                                                  "finish_reason": FINISH_REASON,
                                                   "logprobs": None}], "usage": usage})
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
+    # OpenAI's chunk objects; ft serve names completion chunks "text_completion.chunk", which
+    # OpenAI does not, and no client reads it.
+    chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+    async def event(payload: dict[str, Any]) -> None:
+        await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+    async def chunk(choices: list[dict[str, Any]], **extra: Any) -> None:
+        await event({"id": completion_id, "object": chunk_object, "created": created,
+                     "model": name, "choices": choices, **extra})
+
+    async def choice(piece: str | None, finish_reason: str | None) -> None:
+        if kind == "chat":
+            delta = {} if piece is None else {"content": piece}
+            await chunk([{"index": 0, "delta": delta, "finish_reason": finish_reason}])
+        else:
+            await chunk([{"index": 0, "text": piece or "", "finish_reason": finish_reason,
+                          "logprobs": None}])
+
     count = 0
 
     async def send(token: int) -> None:
@@ -177,21 +234,21 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
         piece = piece if count == 0 else " " + piece
         count += 1
         if kind == "generate":
-            event: dict[str, Any] = {"text": piece}
-        elif kind == "chat":
-            event = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                     "model": name, "choices": [{"index": 0, "delta": {"content": piece},
-                                                 "finish_reason": None}]}
+            await event({"text": piece})  # ft serve's /generate: text events, then [DONE]
         else:
-            event = {"id": completion_id, "object": "text_completion", "created": created,
-                     "model": name, "choices": [{"index": 0, "text": piece,
-                                                 "finish_reason": None}]}
-        await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            await choice(piece, None)
 
+    if kind == "chat":
+        await chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                      "finish_reason": None}])
     if first is not None:
         await send(first)
         async for token in tokens:
             await send(token)
+    if kind != "generate":
+        await choice(None, FINISH_REASON)
+        if include_usage:
+            await chunk([], usage=_usage(len(prompt_ids), count))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response

@@ -22,6 +22,8 @@ from typing import Any
 
 import aiohttp
 
+from ladder.sse import generated_text
+
 __all__ = ["DemoResult", "run_demo"]
 
 
@@ -124,7 +126,7 @@ async def _request(session: aiohttp.ClientSession, gate: str, prompt: str, max_t
             return
         tokens, first = 0, None
         async for line in resp.content:
-            if line.startswith(b"data: {"):
+            if generated_text(line):
                 tokens += 1
                 first = first or time.perf_counter()
         if tokens < max_tokens:

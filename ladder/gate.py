@@ -2,28 +2,43 @@
 
 Why it exists: ft serve admits a request against `max_seq_len = min(model ctx, KV tokens)` of
 the geometry it runs *now*. After the ladder shrank the KV pool for expert slots, a long prompt
-is refused with `context_length_exceeded` and, silently, `max_tokens` is clipped to what is left
-(ftserve-control-plane.md §1.6); and while a rebuild runs, every generation gets 503 (§1.4). The
-gate sits in front of the OpenAI and Anthropic routes, sizes each request (`ladder.sizing`),
-asks the controller to step up when the live rung is too small, holds the request until it
-fits, and only then forwards it, byte for byte. Requests that arrive during a transition are
-held the same way, and a 503 "cache rebuild in progress" that races a transition's start is
-retried after it instead of being passed on.
+is refused with `context_length_exceeded` and `max_tokens` is clipped to what is left, which the
+client learns only from `finish_reason: "length"` (ftserve-control-plane.md §1.6); and while a
+rebuild runs, every generation gets 503 (§1.4). The gate sits in front of the OpenAI and
+Anthropic routes, sizes each request (`ladder.sizing`), asks the controller to step up when the
+live rung is too small, holds the request until it fits, and only then forwards it, byte for
+byte. Requests that arrive during a transition are held the same way, and a 503 "cache rebuild
+in progress" that races a transition's start is retried after it instead of being passed on.
 
 Decisions:
 
 * A request larger than the top rung (`max_capacity_tokens`) is still held for the top rung,
-  and then forwarded: its prompt may fit there even if prompt + `max_tokens` does not, and
-  clipping at the model's own context is the server's normal behaviour, not the ladder's
-  doing. Only when the prompt alone was counted exactly and cannot fit even the top rung is it
-  forwarded at once: the server refuses it with its own error, and the gate does not pretend.
+  and then forwarded unchanged: its prompt may fit there even if prompt + `max_tokens` does
+  not. The gate neither refuses nor rewrites it, because ft serve does not refuse it either: its
+  scheduler (scheduler.py `Scheduler._process_one_msg`) refuses only a prompt that fills the
+  context (400 `context_length_exceeded`) and clips `max_tokens` to what is left, and the
+  answer says so (`finish_reason: "length"`, `usage.completion_tokens`; streamed in the last
+  chunk). A 400 from the gate would break clients that send a large `max_tokens` by habit and
+  work against ft serve directly. Only when the prompt alone was counted exactly and cannot fit
+  even the top rung is it forwarded at once: the server refuses it with its own error, and the
+  gate does not pretend.
+* `GET /v1/models`: ft serve reports the model's limit (openai_api.py `_model_context_length`),
+  which agents read once at startup to decide when to compact. Through the gate a context is
+  served up to the top rung, not the live one (held requests wait for a step up), so the gate
+  lowers `max_model_len` and `context_length` to `max_capacity_tokens()` where they exceed it,
+  and passes the document through byte for byte otherwise. Not the live rung: it moves with
+  every transition, and reporting it would make a client compact a session the gate would
+  have served. Before the controller's first observation (capacity 0), or for a body it cannot
+  read (compressed, not JSON, over 64 KiB), the document passes through unchanged.
 * A body that is valid JSON but cannot be sized (wrong field types) is forwarded unheld: the
   server answers it with its own validation error.
 * Holds are bounded in time (`max_hold_s`, one budget per request, retries included) and in
   number (`max_held`); beyond either, a 503 with `Retry-After` and an error `type` of
   `gate_hold_timeout` or `gate_overloaded`.
-* Streaming responses are relayed chunk by chunk as they arrive; the upstream body is never
-  decoded (`auto_decompress=False`), so `Content-Encoding`/`Content-Length` stay true.
+* Streaming responses are relayed chunk by chunk as they arrive, the server's last chunk
+  (`finish_reason`, the usage chunk of `stream_options.include_usage`) and `data: [DONE]`
+  included; the upstream body is never decoded (`auto_decompress=False`), so
+  `Content-Encoding`/`Content-Length` stay true.
 * Security: bodies above `max_body_bytes` get 413 before they are read, more than
   `max_headers` headers 431. API keys (`Authorization`, `x-api-key`) are forwarded and never
   logged: no log call here receives a header. `/v1/admin/*` (loopback-only on ft serve) is
@@ -108,6 +123,9 @@ _READ_CHUNK_BYTES: Final = 64 * 1024
 _MAX_503_PEEK_BYTES: Final = 64 * 1024
 _MAX_RECORDS: Final = 512
 _ANTHROPIC_PATH: Final = "/v1/messages"
+_MODELS_PATH: Final = "/v1/models"
+# The context-length keys of ft serve's ModelCard (api_models.py): vLLM's and everyone else's.
+_CONTEXT_KEYS: Final = ("max_model_len", "context_length")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +292,28 @@ def _filtered(headers: CIMultiDictProxy[str], drop: frozenset[str]) -> CIMultiDi
     )
 
 
+def _clamped_models(body: bytes, limit_tokens: int) -> bytes | None:
+    """A `/v1/models` body with every context length above `limit_tokens` lowered to it; None
+    when nothing is above it or the body is not a model list (then it passes unchanged)."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    cards = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(cards, list):
+        return None
+    changed = False
+    for card in cards:
+        if not isinstance(card, dict):
+            continue
+        for key in _CONTEXT_KEYS:
+            value = card.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > limit_tokens:
+                card[key] = limit_tokens
+                changed = True
+    return json.dumps(doc, ensure_ascii=False).encode() if changed else None
+
+
 # ---------------------------------------------------------------------------------------------
 # The gate
 
@@ -404,7 +444,8 @@ class Gate:
             body = await self._read_body(request)
             if request.method == "POST" and request.path in GENERATION_PATHS:
                 return await self._generation(request, body)
-            result = await self._forward(request, body, generation=None)
+            models = request.method == "GET" and request.path == _MODELS_PATH
+            result = await self._forward(request, body, generation=None, models=models)
             assert not isinstance(result, _RebuildRace)
             return result
         except _Refusal as refusal:
@@ -547,6 +588,7 @@ class Gate:
         body: bytes,
         *,
         generation: tuple[RequestSize | None, bool] | None,
+        models: bool = False,
     ) -> web.StreamResponse | _RebuildRace:
         session = self._session
         if session is None:
@@ -564,7 +606,21 @@ class Gate:
                     prefix = await self._peek(upstream)
                     if REBUILD_IN_PROGRESS.encode() in prefix:
                         return _REBUILD_RACE
-                response = await self._relay(request, upstream, prefix)
+                clamped = None
+                if models and upstream.status == 200 and (
+                        "Content-Encoding" not in upstream.headers):
+                    prefix = await self._peek(upstream)
+                    limit = self._controller.max_capacity_tokens()
+                    if upstream.content.at_eof() and limit > 0:
+                        clamped = _clamped_models(prefix, limit)
+                if clamped is not None:
+                    headers = _filtered(upstream.headers, _HOP_BY_HOP)
+                    headers.popall("Content-Length", None)  # recomputed from the new body
+                    response: web.StreamResponse = web.Response(
+                        status=upstream.status, reason=upstream.reason, headers=headers,
+                        body=clamped)
+                else:
+                    response = await self._relay(request, upstream, prefix)
         except TimeoutError as exc:
             raise _Refusal(504, "upstream_timeout", "the server did not answer in time",
                            retry_after=True) from exc

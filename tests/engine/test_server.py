@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from engine.decoder import ModelSpec
@@ -19,7 +20,7 @@ from engine.scenarios import report_config
 from engine.server import make_app
 from tests.conftest import FIXTURES
 
-Client = TestClient  # type: ignore[type-arg]
+Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[..., Any]
 
 CAPTURED = FIXTURES / "freetoken-0.1.2"
@@ -58,6 +59,47 @@ async def complete(client: Client, prompt: str, max_tokens: int, **extra: Any) -
                              json={"prompt": prompt, "max_tokens": max_tokens, **extra})
     assert resp.status == 200, await resp.text()
     return await resp.json()
+
+
+def sse(text: str) -> list[Any]:
+    """The events of a `text/event-stream` body: parsed JSON, and "[DONE]" as it is."""
+    events: list[Any] = []
+    for block in text.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        data = block.removeprefix("data: ")
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def assert_openai_stream(events: list[Any], kind: str, *, include_usage: bool) -> list[str]:
+    """What OpenAI (and ft serve, openai_api.py `stream_chat_completion_chunks` and
+    `stream_completion_chunks`) end a stream with; returns the text pieces."""
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    usage = chunks.pop() if include_usage else None
+    last = chunks.pop()
+    assert last["choices"][0]["finish_reason"] == "length"
+    if kind == "chat":
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        chunks = chunks[1:]
+        assert last["choices"][0]["delta"] == {}
+        pieces = [c["choices"][0]["delta"]["content"] for c in chunks]
+    else:
+        assert last["choices"][0]["text"] == "" and last["choices"][0]["logprobs"] is None
+        pieces = [c["choices"][0]["text"] for c in chunks]
+    want_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    for chunk in [*chunks, last]:
+        assert chunk["object"] == want_object and chunk["id"] == last["id"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    if usage is not None:
+        assert usage["choices"] == [] and usage["id"] == last["id"]
+        assert usage["usage"]["completion_tokens"] == len(pieces)
+        assert usage["usage"]["total_tokens"] == (usage["usage"]["prompt_tokens"]
+                                                  + len(pieces))
+    assert all("usage" not in c for c in [*chunks, last])
+    return pieces
 
 
 # ---- wire shapes ------------------------------------------------------------------------
@@ -238,9 +280,86 @@ async def test_context_limit_follows_kv_and_max_tokens_is_clipped(serve: Any) ->
     _, client = await serve(small_config(num_pages=8))  # 128 tokens
     resp = await client.post("/v1/completions", json={"prompt": words(200), "max_tokens": 4})
     assert resp.status == 400
-    assert (await resp.json())["error"]["code"] == "context_length_exceeded"
+    # ft serve's shape and phrase (openai_api.py create_error_response, scheduler.py
+    # Scheduler._process_one_msg): agents match on "prompt is too long: N tokens > M".
+    assert await resp.json() == {"error": {
+        "message": "prompt is too long: 200 tokens > 128 maximum (prompt + generation); "
+                   "shorten the prompt or increase the KV cache budget",
+        "type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}}
+    # Prompt + max_tokens above the context is not refused (ft serve clips it), and the clip
+    # is said: finish_reason "length", and usage counts the tokens really generated.
     body = await complete(client, words(100), 500)
-    assert body["usage"]["completion_tokens"] == 128 - 100  # clipped, as ft serve does
+    assert body["usage"]["completion_tokens"] == 128 - 100
+    assert body["choices"][0]["finish_reason"] == "length"
+    for route, doc in (("/v1/completions", {"prompt": words(100)}),
+                       ("/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": words(100)}]})):
+        resp = await client.post(route, json={**doc, "max_tokens": 500, "stream": True,
+                                              "stream_options": {"include_usage": True}})
+        assert resp.status == 200
+        events = sse(await resp.text())
+        kind = "chat" if "chat" in route else "completion"
+        pieces = assert_openai_stream(events, kind, include_usage=True)
+        assert len(pieces) == 128 - 100
+        assert events[-2]["usage"] == {"prompt_tokens": 100, "completion_tokens": 28,
+                                       "total_tokens": 128}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("include_usage", [False, True])
+async def test_openai_streams_end_with_finish_reason_usage_and_done(
+        serve: Any, kind: str, include_usage: bool) -> None:
+    _, client = await serve(small_config())
+    route, doc = ("/v1/chat/completions",
+                  {"messages": [{"role": "user", "content": words(12)}]}) if kind == "chat" else (
+        "/v1/completions", {"prompt": words(12)})
+    resp = await client.post(route, json={
+        **doc, "max_tokens": 6, "seed": 5, "stream": True,
+        "stream_options": {"include_usage": include_usage}})
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = sse(await resp.text())
+    pieces = assert_openai_stream(events, kind, include_usage=include_usage)
+    assert len(pieces) == 6
+    if include_usage:
+        assert events[-2]["usage"] == {"prompt_tokens": 12, "completion_tokens": 6,
+                                       "total_tokens": 18}
+    # The stream says what the non-streamed answer says.
+    resp = await client.post(route, json={**doc, "max_tokens": 6, "seed": 5})
+    whole = await resp.json()
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert "".join(pieces) == (choice["message"]["content"] if kind == "chat"
+                               else choice["text"])
+
+
+async def test_max_completion_tokens_overrides_max_tokens_as_in_ft_serve(serve: Any) -> None:
+    _, client = await serve(small_config())
+    body = await complete(client, words(5), 9, max_completion_tokens=3)
+    assert body["usage"]["completion_tokens"] == 3
+    body = await complete(client, words(5), 4, max_completion_tokens=None)
+    assert body["usage"]["completion_tokens"] == 4
+
+
+async def test_models_reports_the_model_limit_that_admission_applies(serve: Any) -> None:
+    # KV holds 1024 tokens, the model 256: the model's limit is the one in force.
+    _, client = await serve(small_config(max_seq_len=256))
+    card = (await (await client.get("/v1/models")).json())["data"][0]
+    assert card["max_model_len"] == card["context_length"] == 256
+    stats = await (await client.get("/v1/stats")).json()
+    assert stats["model"]["ctx"] == 256  # ft serve reports one number in both
+    assert (await complete(client, words(250), 50))["usage"]["completion_tokens"] == 6
+    resp = await client.post("/v1/completions", json={"prompt": words(256), "max_tokens": 1})
+    assert resp.status == 400 and "> 256 maximum" in (await resp.json())["error"]["message"]
+    # A KV shrink moves what one sequence may hold, not the model's limit: ft serve's
+    # /v1/models reports the ceiling (openai_api.py `_model_context_length`), which agents
+    # read once; the live limit is what admission says.
+    resp = await client.post("/v1/cache/rebuild", json={"num_pages": 8})
+    assert resp.status == 200, await resp.text()
+    card = (await (await client.get("/v1/models")).json())["data"][0]
+    assert card["max_model_len"] == card["context_length"] == 256
+    resp = await client.post("/v1/completions", json={"prompt": words(128), "max_tokens": 1})
+    assert resp.status == 400 and "> 128 maximum" in (await resp.json())["error"]["message"]
 
 
 async def test_a_shrink_readmits_the_waiting_requests_against_the_new_context(
@@ -418,4 +537,4 @@ async def test_report_transitions_oom_in_freetoken_mode_and_succeed_incrementall
     after = (await (await client2.get("/v1/cache/status")).json())["geometry"]
     assert after["moe_cache_size"] == body["moe_cache_size"]
     assert after["num_pages"] == body["num_pages"]
-    assert engine2.memory.peak_bytes <= engine2.memory.capacity_bytes  # type: ignore[operator]
+    assert engine2.memory.peak_bytes <= engine2.memory.capacity_bytes
