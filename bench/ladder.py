@@ -101,7 +101,7 @@ import aiohttp  # noqa: E402
 
 from bench.traces import TraceRequest, agentic_session, mixed, scaled, short_chat  # noqa: E402
 from policies.api import Decision, LadderView, Observation  # noqa: E402
-from policies.headroom import check_options, floor_tokens  # noqa: E402
+from policies.headroom import check_options  # noqa: E402
 
 __all__ = ["ARMS", "ArmInterrupted", "BenchOptions", "GrowOnly", "build_trace",
            "gpu_engine_config", "main", "run_bench"]
@@ -131,7 +131,7 @@ class GrowOnly:
     def decide(self, observation: Observation, ladder: LadderView) -> Decision:
         if not ladder.rungs:
             raise ValueError("grow-only: the ladder has no rungs")
-        demand = floor_tokens(observation)
+        demand = observation.demand_kv_tokens
         needed = ladder.lowest_holding(demand)
         self.level = min(max(self.level, needed), len(ladder.rungs) - 1)
         return Decision(self.level, f"grow-only: rung {self.level} "

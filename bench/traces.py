@@ -1,4 +1,4 @@
-"""Seeded request traces shaped like the workloads of reference-numbers.md §7.
+"""Seeded request traces shaped like public workload descriptions.
 
 The ladder's value depends on the traffic: short chat keeps KV at its floor and wants every
 slot, while agentic coding sessions grow a context turn by turn to 150-200k tokens and pause
@@ -67,7 +67,7 @@ class TraceRequest:
 
 @dataclass(frozen=True)
 class AgenticParams:
-    """The aiperf agentic-code synthesizer (reference-numbers.md §7), plus what it leaves open.
+    """The aiperf agentic-code synthesizer, plus what it leaves open.
 
     Lognormals are given by median and mean, as aiperf states them, and are capped.
     """
@@ -106,7 +106,7 @@ class AgenticParams:
 
 @dataclass(frozen=True)
 class ChatParams:
-    """ShareGPT V3 quantiles (reference-numbers.md §7) as piecewise-linear inverse CDFs.
+    """ShareGPT V3 quantiles as piecewise-linear inverse CDFs.
 
     The 0 and 1 knots are not published: a 1-token floor and a tail cap a little above p99,
     because the cleaned split caps conversations at ~2k tokens.

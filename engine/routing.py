@@ -3,10 +3,10 @@
 The reference engine has no trained router worth measuring: a tiny random checkpoint routes
 almost uniformly, so its expert-cache hit rate says nothing about real MoE models. This module
 replaces the router's choices with a seeded generator whose LRU hit-rate curve and temporal
-locality match the public numbers collected in reference-numbers.md §2, so that the ladder's
+locality match published measurements of real MoE routers, so that the ladder's
 trade between expert slots and KV cache is exercised in a realistic regime.
 
-The model is the "synthetic stand-in" of reference-numbers.md §2.3:
+The model, a synthetic stand-in for a real router:
 
 * per layer, a static Zipf(s) popularity over a per-layer random permutation of the N experts
   (the permutation is the "model": it depends on the router seed only);
@@ -82,7 +82,7 @@ _SEED_MOD = 1 << 64
 
 @dataclass(frozen=True)
 class RoutingModel:
-    """Parameters of the synthetic router (reference-numbers.md §2.3 column names in brackets).
+    """Parameters of the synthetic router (the published tables' column names in brackets).
 
     `num_layers` is only the default for `Router`; the locality parameters are per layer.
     """
@@ -322,7 +322,7 @@ def simulate_lru_hit_rate(
 
 @dataclass(frozen=True)
 class LocalityStats:
-    """Temporal locality of a choice sequence, as reference-numbers.md §2.2 states it."""
+    """Temporal locality of a choice sequence, as the published measurements state it."""
 
     repeat_next: float  # share of selections whose expert was selected at the previous token
     repeat_within: float  # ... at one of the previous `horizon` tokens

@@ -551,7 +551,7 @@ def _add_engine(sub: Any) -> None:
     model.add_argument("--state-heads", type=int, default=1)
     model.add_argument("--page-size", type=int, default=16)
     model.add_argument("--routing", choices=("A", "B", "C"), default="A",
-                       help="routing locality preset (reference-numbers.md 2.3)")
+                       help="routing locality preset (engine/routing.py PRESETS)")
     model.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_engine)
 

@@ -3,7 +3,7 @@
 Why it exists: the daemon needs one place that turns every way HTTP can go wrong into a small,
 closed set of errors (`ClientError` and its subclasses), so the controller never sees a raw
 aiohttp, json or KeyError exception, and never has to know how the API key travels. It holds
-one `aiohttp.ClientSession` for its whole life (conventions.md §7), created inside the running
+one `aiohttp.ClientSession` for its whole life, created inside the running
 loop by `async with`, or injected and then left open for its owner to close.
 
 The API key goes out as `Authorization: Bearer <key>` on every route but `/health` (ft serve

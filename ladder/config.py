@@ -3,7 +3,7 @@
 Why one pure `merge`: the precedence rule is the part of a config system that silently goes
 wrong (a flag that loses to a file, an env var read as a string), so it is decided in one
 function that takes plain mappings and is tested exhaustively; the CLI only gathers the
-layers. Why frozen dataclasses and no pydantic (conventions.md §3): a small sidecar, defaults
+layers. Why frozen dataclasses and no pydantic: a small sidecar, defaults
 on the dataclasses, one validation pass whose errors name the key path and, for env and CLI
 values, the variable or flag that set it, so a bad deployment fails at start with one line.
 
@@ -320,7 +320,7 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class SafeguardConfig:
-    """The controller's brakes (conventions.md §8): timing, rate, backoff, breaker, fallback."""
+    """The controller's brakes : timing, rate, backoff, breaker, fallback."""
 
     cooldown_s: float = _key(60.0, _float())
     min_dwell_s: float = _key(120.0, _float())

@@ -270,8 +270,8 @@ class ServerController:
         view = self.ladder_view()
         decision = self.policy.decide(obs, view)
         self.last_decision = decision
-        demand = max(obs.live_kv_tokens, obs.pending_kv_tokens)
-        verdict = self.safeguards.admit(obs.now_s, obs.rung, decision, demand, view)
+        verdict = self.safeguards.admit(obs.now_s, obs.rung, decision, obs.demand_kv_tokens,
+                                        view)
         self.last_verdict = verdict.reason
         self.metrics.decisions.labels(self.name, self.policy_name,
                                       "go" if verdict.allowed else "hold").inc()

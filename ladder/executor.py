@@ -7,9 +7,10 @@ The rules that keep a server safe live here, once, for `apply` and for the contr
 - `busy` (503) backs off and retries the same step, a bounded number of times;
 - 409 and 504 mean a rebuild is still running: poll the status until it settles, then judge
   by the geometry actually served;
-- `rejected` re-plans once from the live geometry; `failed` stops and says a restart is needed;
+- `rejected` re-plans from the live geometry; `failed` stops and says a restart is needed;
 - a new `instance_id` means the server restarted: stop, the old plan means nothing now;
-- a geometry that moved under us (someone ran `ft ctl cache`) is re-planned from, once.
+- a geometry that moved under us (someone ran `ft ctl cache`) is re-planned from;
+- re-plans, for either reason, are bounded by `max_replans` (default 2), then it stops.
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ from ladder.sizing import (
     DEFAULT_MAX_TOKENS,
     GENERATION_PATHS,
     ForwardRecord,
-    Observation,
     RequestSize,
+    SizedPrompt,
     SizingError,
     TokenBound,
     load_tokenizer,
@@ -348,7 +348,7 @@ class Gate:
             sock_read=self._settings.upstream_timeout_s,
         )
         self._records: deque[ForwardRecord] = deque(maxlen=_MAX_RECORDS)
-        self._observations: deque[Observation] = deque(maxlen=self._settings.observation_window)
+        self._observations: deque[SizedPrompt] = deque(maxlen=self._settings.observation_window)
         self._forwarded_total = 0
         self._forwarded_now_tokens = 0
         self._held_total = 0

@@ -7,7 +7,7 @@ and a rung that cannot be reached safely from every other is dropped with its re
 controller never has to discover at run time that a step is impossible.
 
 Default spacing (why geometric, ratio sqrt(2), floor 4k, steps of at most 32k): the cost of a
-rung is its unused KV, which becomes expert slots. reference-numbers.md §5 prices an extra 32k
+rung is its unused KV, which becomes expert slots. Public LRU measurements price an extra 32k
 reserved tokens at ~2 points of hit rate (0.36-0.75 ms/token) at 20-30 % residency, and 2-3x
 more below 15 %; a ratio-r ladder wastes at most (r - 1) of the live context, so the waste stays
 proportional to the context instead of a fixed 32k that dominates short chats (ShareGPT

@@ -2,8 +2,8 @@
 
 A policy only says which rung it would like. Whether the daemon acts on it now is decided
 here, once, so a third-party policy cannot flap a server, storm it with retries or rebuild it
-while its observations are failing (design.md: "the daemon never makes a server worse than it
-found it"). The vocabulary is HPA's and KEDA's (conventions.md §8).
+while its observations are failing: the daemon never makes a server worse than it found it.
+The vocabulary is Kubernetes HPA's and KEDA's.
 
 Checks, in order; the first that applies decides:
 

@@ -43,8 +43,8 @@ __all__ = [
     "DEFAULT_MAX_TOKENS",
     "GENERATION_PATHS",
     "ForwardRecord",
-    "Observation",
     "RequestSize",
+    "SizedPrompt",
     "SizingError",
     "TextStats",
     "TokenBound",
@@ -102,7 +102,7 @@ def text_stats(text: str) -> TextStats:
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class SizedPrompt:
     """One forwarded request whose prompt size the server reported in its request log."""
 
     prompt_tokens: int
@@ -153,7 +153,7 @@ class TokenBound:
     def prompt_tokens(self, stats: TextStats, messages: int, tools: int = 0) -> int:
         return self.text_tokens(stats) + self.overhead_tokens(messages, tools)
 
-    def required_rate(self, obs: Observation) -> float:
+    def required_rate(self, obs: SizedPrompt) -> float:
         """The least letter rate at which this bound would have covered `obs` exactly."""
         overhead = self.overhead_tokens(obs.messages, obs.tools)
         rest = obs.prompt_tokens - obs.text.other_bytes - overhead
@@ -163,7 +163,7 @@ class TokenBound:
         # keeps the current rate rather than pretending (only a bad match produces this).
         return rest / obs.text.letter_bytes if obs.text.letter_bytes else math.inf
 
-    def tightened(self, observations: Iterable[Observation]) -> TokenBound:
+    def tightened(self, observations: Iterable[SizedPrompt]) -> TokenBound:
         """A bound whose letter rate covers every observation, times `safety_factor`.
 
         Reasoning: the rate must be an upper bound of what the server actually produced, so it
@@ -445,7 +445,7 @@ def match_observations(
     entries: Sequence[RequestEntry],
     *,
     tolerance_s: float = 1.0,
-) -> list[tuple[int, Observation]]:
+) -> list[tuple[int, SizedPrompt]]:
     """Pair request-log entries with forwarded records; returns (record index, observation).
 
     An entry and a record are compatible when path and stream flag agree, the entry succeeded
@@ -476,14 +476,14 @@ def match_observations(
                     matches.append(r_index)
                     by_record.setdefault(r_index, []).append(e_index)
         candidates.append(matches)
-    pairs: list[tuple[int, Observation]] = []
+    pairs: list[tuple[int, SizedPrompt]] = []
     for e_index, matches in enumerate(candidates):
         if len(matches) != 1 or len(by_record[matches[0]]) != 1:
             continue
         record = records[matches[0]]
         tokens = entries[e_index].prompt_tokens
         assert tokens is not None
-        pairs.append((matches[0], Observation(tokens, record.text, record.messages, record.tools)))
+        pairs.append((matches[0], SizedPrompt(tokens, record.text, record.messages, record.tools)))
     return pairs
 
 

@@ -72,6 +72,14 @@ class Observation:
     decode_tps_by_rung: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     recent_request_tokens: tuple[int, ...] = ()
 
+    @property
+    def demand_kv_tokens(self) -> int:
+        """KV that must fit now: every running request plus the largest one waiting to be
+        admitted; summed, not maxed, because the waiting one is admitted beside the running
+        ones. The one meaning of "demand": the built-in policies never choose a rung below it,
+        and the safeguards raise any decision to a rung that holds it."""
+        return max(0, self.live_kv_tokens) + max(0, self.pending_kv_tokens)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

@@ -2,14 +2,13 @@
 
 A request must never fail or wait forever because the rung is too small (FreeToken issue 111:
 a 200k prompt "queued forever with no error"), while every reserved but unused KV token is an
-expert slot lost (reference-numbers.md §5). So the policy reserves the live demand plus the
-growth of one agentic turn (~4-6k tokens, §7): §5's `R = next_rung(live + expected_growth)`.
-No proportional margin by default: the ladder's rounding up to the next rung already leaves
-up to (ratio - 1) of the demand spare, and on the H200 bench a 25 % margin on top of it sent
-143k-token agentic turns to the 128-slot floor rung (226k) instead of the 186k rung with 593
-slots; `margin` remains an option. It steps up at once, and steps down only
+expert slot lost. So the policy reserves the live demand plus the growth of one agentic turn
+(a few thousand tokens): `R = next_rung(live + expected_growth)`. No proportional margin by
+default: the ladder's rounding up to the next rung already leaves up to (ratio - 1) of the
+demand spare, and a margin on top of it sends long agentic turns a rung higher, to fewer
+expert slots (README, Results); `margin` remains an option. It steps up at once, and steps down only
 once the lower rung has held demand for a whole stabilization window: HPA's scale-down
-stabilization (conventions.md §8), where the target while shrinking is the highest
+stabilization, where the target while shrinking is the highest
 recommendation over the last `dwell_s`.
 
 `DemandRule`, `DemandHistory` and `check_options` live here because `throughput` and `pinned`
@@ -65,19 +64,10 @@ def current_rung(observation: Observation, ladder: LadderView) -> int | None:
     return rung
 
 
-def floor_tokens(observation: Observation) -> int:
-    """KV that must fit now: every running request plus the largest one waiting to be admitted.
-
-    Summed, not maxed: the waiting request is admitted next to the running ones, not after
-    them. A rung below this is never chosen by a built-in policy.
-    """
-    return max(0, observation.live_kv_tokens) + max(0, observation.pending_kv_tokens)
-
-
 @dataclass(frozen=True, slots=True)
 class DemandRule:
     """How many KV tokens to reserve: `max(live, pending) * (1 + margin) + growth_tokens`,
-    never less than live + pending (`floor_tokens`)."""
+    never less than live + pending (`Observation.demand_kv_tokens`)."""
 
     margin: float = 0.0
     growth_tokens: int = 8192
@@ -86,7 +76,7 @@ class DemandRule:
         live = max(0, observation.live_kv_tokens)
         pending = max(0, observation.pending_kv_tokens)
         wanted = math.ceil(max(live, pending) * (1.0 + self.margin)) + self.growth_tokens
-        return max(wanted, floor_tokens(observation))
+        return max(wanted, observation.demand_kv_tokens)
 
     def rung(self, observation: Observation, ladder: LadderView) -> int:
         """The lowest rung holding `tokens`; the top rung when none does."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from policies.api import Decision, LadderView, Observation
-from policies.headroom import check_options, floor_tokens
+from policies.headroom import check_options
 
 __all__ = ["Pinned"]
 
@@ -37,7 +37,7 @@ class Pinned:
         top = len(ladder.rungs) - 1
         pin = min(max(self.rung, 0), top)
         clamp = "" if pin == self.rung else f" (option rung {self.rung} clamped to the ladder)"
-        floor = floor_tokens(observation)
+        floor = observation.demand_kv_tokens
         if ladder.rungs[pin].kv_tokens >= floor:
             return Decision(pin, f"pinned to rung {pin}{clamp}: its "
                                  f"{ladder.rungs[pin].kv_tokens:,} KV tokens hold "

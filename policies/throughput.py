@@ -1,10 +1,11 @@
 """The `throughput` policy: step down to a faster rung only when the step pays for itself.
 
 A transition is not free: every rebuild cold-starts the expert cache (64-160 tokens of
-warm-up plus the refill) and on ft serve refuses requests for about a second
-(reference-numbers.md §5). Stepping down after a fixed dwell, as `headroom` does, pays that
-price even when the lower rung is barely faster (expert slots already capped) or the demand
-is about to come back. This policy prices the trade in decoded tokens instead:
+warm-up plus the refill) and on ft serve refuses requests for about a second (README,
+Verified against ft serve: rebuilds of 0.5-1 s). Stepping down after a fixed dwell, as
+`headroom` does, pays that price even when the lower rung is barely faster (expert slots
+already capped) or the demand is about to come back. This policy prices the trade in decoded
+tokens instead:
 
     tps(r)         measured decode tokens/s on rung r when it was measured for at least
                    `min_measured_s`, else a prior (below)

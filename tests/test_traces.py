@@ -1,4 +1,4 @@
-"""bench/traces.py reproduces reference-numbers.md §7's distributions, seeded and in order.
+"""bench/traces.py reproduces its documented distributions, seeded and in order.
 
 Sample statistics are held to 20 % of the published medians/means over a few thousand draws
 (sampling noise there is ~2-4 %; the slack covers the caps, which trim the lognormal tails).

@@ -1,4 +1,4 @@
-"""The synthetic router reproduces reference-numbers.md §2 and is a pure function of its seeds.
+"""The synthetic router reproduces its calibration targets and is a pure function of its seeds.
 
 Hit-rate tolerances: the targets are single self-reported measurements of real models and the
 presets are fitted to them (see engine/routing.py's docstring for the calibration); a test

@@ -16,8 +16,8 @@ from engine import tokenizer as reference
 from ladder.sizing import (
     DEFAULT_MAX_TOKENS,
     ForwardRecord,
-    Observation,
     RequestSize,
+    SizedPrompt,
     SizingError,
     TextStats,
     TokenBound,
@@ -189,7 +189,7 @@ def test_text_stats_classes() -> None:
 
 
 observations = st.builds(
-    Observation,
+    SizedPrompt,
     prompt_tokens=st.integers(min_value=0, max_value=200_000),
     text=st.builds(TextStats, letter_bytes=st.integers(min_value=0, max_value=100_000),
                    other_bytes=st.integers(min_value=0, max_value=100_000)),
@@ -199,7 +199,7 @@ observations = st.builds(
 
 
 @given(st.lists(observations, max_size=40))
-def test_tightening_never_goes_below_an_observed_rate(obs: list[Observation]) -> None:
+def test_tightening_never_goes_below_an_observed_rate(obs: list[SizedPrompt]) -> None:
     tight = BOUND.tightened(obs)
     for o in obs:
         need = BOUND.required_rate(o)
@@ -211,12 +211,12 @@ def test_tightening_never_goes_below_an_observed_rate(obs: list[Observation]) ->
 
 
 @given(st.lists(observations, max_size=15))
-def test_few_observations_keep_the_byte_bound(obs: list[Observation]) -> None:
+def test_few_observations_keep_the_byte_bound(obs: list[SizedPrompt]) -> None:
     assert BOUND.tightened(obs).letter_tokens_per_byte >= 1.0
 
 
 def test_tightening_with_enough_english_samples() -> None:
-    english = [Observation(prompt_tokens=64 + 16 + 250, text=TextStats(1000, 0), messages=1)
+    english = [SizedPrompt(prompt_tokens=64 + 16 + 250, text=TextStats(1000, 0), messages=1)
                for _ in range(16)]
     tight = BOUND.tightened(english)
     assert tight.letter_tokens_per_byte == pytest.approx(0.25 * 1.1)
