@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from engine.budget import MemoryModel
 from engine.geometry import CacheStatus, Geometry, StatusError, parse_cache_status
 from engine.planner import plan_transition
-from ladder.config import server_url
+from ladder.config import option_value, server_url
 from ladder.render import render_ladder, render_plan, render_pools
 from ladder.rungs import LadderSpec, build_ladder, reachable_ranges, small_budget_hint
 from ladder.units import format_bytes, parse_bytes, parse_count, parse_target
@@ -64,16 +64,10 @@ def _server_url(text: str) -> str:
 
 
 def _policy_option(text: str) -> tuple[str, Any]:
-    import tomllib
-
     key, sep, value = text.partition("=")
     if not sep or not re.fullmatch(r"[A-Za-z_]\w*", key.strip()):
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        parsed = tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
-        parsed = value  # a bare word: a string
-    return key.strip(), parsed
+    return key.strip(), option_value(value)
 
 
 def _kv_tokens(text: str) -> int | None:

@@ -55,6 +55,7 @@ __all__ = [
     "load",
     "load_toml",
     "merge",
+    "option_value",
     "parse_hostport",
     "server_url",
     "to_json",
@@ -320,7 +321,7 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class SafeguardConfig:
-    """The controller's brakes : timing, rate, backoff, breaker, fallback."""
+    """The controller's brakes: timing, rate, backoff, breaker, fallback."""
 
     cooldown_s: float = _key(60.0, _float())
     min_dwell_s: float = _key(120.0, _float())
@@ -654,14 +655,19 @@ def _build_server(index: int, count: int, merged: dict[KeyPath, _Entry], env: Ma
     return replace(server, **changes)
 
 
+def option_value(text: str) -> Any:
+    """A policy option typed as text (env, `--policy-option`): its TOML value when it is one
+    (60 -> int, 0.5 -> float, true -> bool), else the string itself. Options are typed by the
+    policy, not here."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
 def _option_value(entry: _Entry) -> Any:
-    # Options are typed by the policy, not here; an env string is read as a TOML value when it
-    # is one (60 -> int, 0.5 -> float, true -> bool), else kept as the string.
     if entry.source.startswith("env ") and isinstance(entry.value, str):
-        try:
-            return tomllib.loads(f"v = {entry.value}")["v"]
-        except tomllib.TOMLDecodeError:
-            return entry.value
+        return option_value(entry.value)
     return entry.value
 
 
