@@ -10,6 +10,9 @@ machines, so these generators rebuild the published distributions instead:
 * `short_chat`: ShareGPT V3 (computed in §7): context at a human turn median 821 / p90 1,879 /
   p99 2,454, first reply median 279 / p90 630 / p99 946.
 * `mixed`: a few concurrent agentic sessions with chat traffic in between.
+* `handoff`: one user's day: an agentic session runs a few turns and ends, short chat follows,
+  then the next session; the case a grow-only ladder cannot serve (it keeps the long
+  session's KV, and its few expert slots, through the chat that follows).
 * `scaled`: the same shapes at 1/factor of the tokens, for CPU smoke runs of the tiny engine.
 
 Times are open-loop: within a session `t_s` grows by the think gap after each turn. A closed-
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import math
 import sys
@@ -38,6 +42,7 @@ __all__ = [
     "TraceRequest",
     "agentic_session",
     "agentic_sessions",
+    "handoff",
     "lognormal_sigma",
     "main",
     "mixed",
@@ -52,6 +57,7 @@ _CHAT_TAG = 0x4348
 _MIXED_TAG = 0x4D58
 _REPO_TAG = 0x5250
 _SESSIONS_TAG = 0x5353
+_HANDOFF_TAG = 0x484F
 
 
 @dataclass(frozen=True)
@@ -325,6 +331,53 @@ def mixed(
     return _take(_merge(streams), n, duration_s)
 
 
+def handoff(
+    seed: int,
+    n: int | None = None,
+    duration_s: float | None = None,
+    *,
+    turns_range: tuple[int, int] = (4, 8),
+    chats_range: tuple[int, int] = (6, 12),
+    chat: ChatParams = DEFAULT_CHAT,
+    agentic: AgenticParams = DEFAULT_AGENTIC,
+) -> list[TraceRequest]:
+    """Agentic sessions of `turns_range` turns (inclusive), each followed by `chats_range`
+    short chat requests, one after another.
+
+    Everything is one closed-loop session (`handoff-SEED`), so a replayer sends each request
+    after the previous reply plus the gap: the long session has really ended when the chat
+    starts, however fast the server decodes. Chat requests follow a human think gap
+    (`agentic.human_gap_*`), as a person moving from an agent to a chat window would.
+    """
+    _check_stop(n, duration_s)
+    if not 1 <= turns_range[0] <= turns_range[1] or not 0 <= chats_range[0] <= chats_range[1]:
+        raise ValueError(f"need 1 <= turns and 0 <= chats ranges, got {turns_range}, "
+                         f"{chats_range}")
+    return _take(_handoff_requests(seed, turns_range, chats_range, chat, agentic), n,
+                 duration_s)
+
+
+def _handoff_requests(seed: int, turns_range: tuple[int, int], chats_range: tuple[int, int],
+                      chat: ChatParams, agentic: AgenticParams) -> Iterator[TraceRequest]:
+    rng = _rng(_HANDOFF_TAG, seed)
+    name = f"handoff-{seed}"
+    t_s = 0.0
+    block = 0
+    while True:
+        turns = int(rng.integers(turns_range[0], turns_range[1] + 1))
+        for request in itertools.islice(
+                _agentic_turns((_HANDOFF_TAG, seed, block), name, t_s, agentic), turns):
+            t_s = request.t_s
+            yield request
+        for _ in range(int(rng.integers(chats_range[0], chats_range[1] + 1))):
+            t_s += _lognormal(rng, agentic.human_gap_median_s, agentic.human_gap_mean_s,
+                              math.inf)
+            yield TraceRequest(t_s, name, _quantile(chat.context_knots, float(rng.random())),
+                               _quantile(chat.reply_knots, float(rng.random())), "chat")
+        t_s += _lognormal(rng, agentic.human_gap_median_s, agentic.human_gap_mean_s, math.inf)
+        block += 1
+
+
 def scaled(trace: Iterable[TraceRequest], factor: float) -> list[TraceRequest]:
     """Token counts divided by `factor` (>= 1 token each), times unchanged: CPU smoke runs."""
     if factor <= 0:
@@ -341,7 +394,8 @@ def scaled(trace: Iterable[TraceRequest], factor: float) -> list[TraceRequest]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Print a seeded request trace as JSON lines.")
-    parser.add_argument("--kind", choices=("agentic", "chat", "mixed"), default="agentic")
+    parser.add_argument("--kind", choices=("agentic", "chat", "mixed", "handoff"),
+                        default="agentic")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n", type=int, default=None, help="number of requests")
     parser.add_argument("--duration-s", type=float, default=None, help="last send time")
@@ -356,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trace = agentic_sessions(args.seed, args.sessions, n, args.duration_s)
     elif args.kind == "chat":
         trace = short_chat(args.seed, n, args.duration_s)
+    elif args.kind == "handoff":
+        trace = handoff(args.seed, n, args.duration_s)
     else:
         trace = mixed(args.seed, n, args.duration_s, agentic_count=args.sessions)
     if args.scale != 1.0:

@@ -12,7 +12,11 @@ and a geometry whose KV fills the cache budget so that the card is ~99 % full. T
    for every "chunk" event, every chunk pause is recorded, and each `ChunkEvent` (bytes moved,
    allocated, freed) is captured by wrapping the rebuild job's step iterator;
 3. the hit rate over windows just after and later;
-4. the same transition on a fresh engine in `freetoken` mode (ft serve's semantics: idle only,
+4. the same transition under the same decode workload on a fresh engine per pause budget of
+   `--pause-budgets-ms` (default 0,2; `EngineConfig.rebuild_pause_budget_s`: chunk-operation
+   time per decode round; 0 is one operation a round, the engine's behaviour before the
+   budget), side by side under `pause_budgets`;
+5. the same transition on a fresh engine in `freetoken` mode (ft serve's semantics: idle only,
    each pool dropped and reallocated whole), where the MoE pool must grow while the old KV is
    still held: at this fill it OOMs and rolls back.
 
@@ -29,6 +33,21 @@ transition time can be set against bytes moved / bandwidth. What is counted:
   were also written once (an upper bound for an allocator that zeroes);
 - `expert_refill_s_est` = new slots x expert bytes / H2D bandwidth: filling every new slot from
   pinned host memory, a cost the workload pays later as misses, not part of the transition.
+
+What each pause budget reports (why: the budget trades how long the step takes against how
+long each decode round stalls, and both cost tokens):
+
+- `wall_s`: the step, from the `engine.rebuild` call to its reply;
+- `decode_rounds`: the step's scheduler rounds with requests running (the engine's
+  `RebuildPause` records, one a round; the last may run no operation, only the completion);
+  `ops_outside_decode_rounds` counts operations run while no request was running;
+- `round_pauses`: p50/p99/max of those rounds' `RebuildPause.seconds`, what decode waited;
+- `tokens_lost` = `baseline_decode_tps` x `wall_s` - `tokens_during`, where `tokens_during`
+  counts the tokens the clients received from the call to the reply, and
+  `baseline_decode_tps` = tokens received in the `baseline_window_s` = `wall_s` just before
+  the call, divided by it (shorter only when the workload has not decoded that long, after its
+  warm-up). A round decodes one token per client at once, so for a step of a few rounds the
+  figure is only good to about +-`clients` tokens.
 
 `--device cpu --small` runs the same code on a CPU with a tiny model (DeviceMemory caps the
 pools), for CI-like smoke runs. Prints one JSON object; `--out FILE` writes it too.
@@ -49,7 +68,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,10 +78,16 @@ if __package__ in (None, ""):
 
 import torch
 
-from engine.decoder import ModelSpec
+from engine.decoder import ModelSpec, TinyMoE
 from engine.memory import enable_expandable_segments
 from engine.pools import ChunkEvent
-from engine.runtime import AdmissionError, ChunkPause, EngineConfig, ReferenceEngine
+from engine.runtime import (
+    AdmissionError,
+    ChunkPause,
+    EngineConfig,
+    RebuildPause,
+    ReferenceEngine,
+)
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -242,6 +267,7 @@ class Workload:
     def __init__(self, engine: ReferenceEngine, plan: Plan) -> None:
         self.engine, self.plan = engine, plan
         self.tokens = 0
+        self.token_times_s: list[float] = []  # perf_counter at each token's arrival
         self.stop = asyncio.Event()
         self.current: dict[int, Record] = {}
         self.finished: list[Record] = []
@@ -264,6 +290,7 @@ class Workload:
                                                         seed=record.seed):
                     record.tokens.append(token)
                     self.tokens += 1
+                    self.token_times_s.append(time.perf_counter())
             except AdmissionError:
                 self.refused += 1
                 await asyncio.sleep(0.01)
@@ -278,6 +305,9 @@ class Workload:
                 raise TimeoutError(f"{n} tokens not decoded in {timeout_s}s")
             await asyncio.sleep(0.002)
         return time.perf_counter() - began
+
+    def tokens_between(self, start_s: float, end_s: float) -> int:
+        return sum(1 for t in self.token_times_s if start_s <= t < end_s)
 
     async def close(self) -> None:
         self.stop.set()
@@ -361,7 +391,35 @@ def byte_accounting(events: list[ChunkEvent], zero_fill_pools: set[str]) -> dict
                             for p, o in sorted({(e.pool, e.op) for e in events})}}
 
 
-# --- the two runs -----------------------------------------------------------------------------
+class PauseProbe:
+    """Engine listener: a step's per-round pauses and its number of chunk operations."""
+
+    def __init__(self) -> None:
+        self.rounds: list[RebuildPause] = []
+        self.ops = 0
+
+    def __call__(self, event: str, payload: Any) -> None:
+        if event == "rebuild_pause":
+            self.rounds.append(payload)
+        elif event == "chunk":
+            self.ops += 1
+
+
+# --- the runs ---------------------------------------------------------------------------------
+
+
+def park_ballast(engine: ReferenceEngine, plan: Plan) -> None:
+    """Park the running requests' pages at the top of the KV pool, in the chunks the shrink
+    releases, so that the rebuild has live content to move (pages are handed out lowest
+    first; without this the shrink would only free chunks). `free_request("ballast")` undoes
+    it just before the rebuild."""
+    room = plan.clients * 2 * math.ceil((plan.prompt_len + plan.max_tokens) / plan.spec.page_size)
+    engine.kv.allocate_pages("ballast", engine.kv.free_pages - room)
+
+
+def convert_body(sizing: dict[str, Any], mode: str) -> dict[str, Any]:
+    return {"moe_cache_size": sizing["moe_slots_after"], "num_pages": sizing["kv_pages_after"],
+            "mode": mode, "timeout": 600}
 
 
 async def run_incremental(engine: ReferenceEngine, plan: Plan, sizing: dict[str, Any],
@@ -374,12 +432,7 @@ async def run_incremental(engine: ReferenceEngine, plan: Plan, sizing: dict[str,
                                  round(1 - out["free_after_build_bytes"]
                                        / (engine.memory.capacity_bytes or 1), 5))
     if ballast:
-        # Park the running requests' pages at the top of the KV pool, in the chunks the shrink
-        # releases, so that the rebuild has live content to move (pages are handed out lowest
-        # first; without this the shrink would only free chunks).
-        room = plan.clients * 2 * math.ceil((plan.prompt_len + plan.max_tokens)
-                                            / plan.spec.page_size)
-        engine.kv.allocate_pages("ballast", engine.kv.free_pages - room)
+        park_ballast(engine, plan)
     workload = Workload(engine, plan)
     workload.start()
     await workload.wait_tokens(plan.window_tokens // 2)  # warm the expert cache
@@ -396,9 +449,7 @@ async def run_incremental(engine: ReferenceEngine, plan: Plan, sizing: dict[str,
     live_at_start = [r for r in workload.current.values() if r.tokens and not r.done]
     window = HitWindow(engine, workload)
     began = time.perf_counter()
-    status, body = await engine.rebuild({
-        "moe_cache_size": sizing["moe_slots_after"], "num_pages": sizing["kv_pages_after"],
-        "mode": "incremental", "timeout": 600})
+    status, body = await engine.rebuild(convert_body(sizing, "incremental"))
     wall = time.perf_counter() - began
     out["during"] = window.result()
     engine.listeners.remove(probe)
@@ -455,6 +506,57 @@ async def run_incremental(engine: ReferenceEngine, plan: Plan, sizing: dict[str,
     return out
 
 
+def baseline_history_s(inc: dict[str, Any], plan: Plan) -> float:
+    """How long the workload decodes before a budget run's step, so that the baseline window
+    (as long as the step) fits: the step at budget 0 takes one decode round per chunk
+    operation, plus the completing one, of `clients` tokens each at the rate measured before
+    the incremental run's step; 1.25x for noise. 0 when that run failed."""
+    if "error" in inc or not inc["before"]["decode_tps"]:
+        return 0.0
+    round_s = plan.clients / float(inc["before"]["decode_tps"])
+    return 1.25 * (int(inc["transition"]["ops"]) + 1) * round_s
+
+
+async def run_pause_budget(engine: ReferenceEngine, plan: Plan, sizing: dict[str, Any],
+                           ballast: bool, history_s: float) -> dict[str, Any]:
+    """The incremental step under decode at the engine's pause budget (module docstring)."""
+    if ballast:
+        park_ballast(engine, plan)
+    workload = Workload(engine, plan)
+    workload.start()
+    await workload.wait_tokens(plan.window_tokens // 2)  # warm the expert cache
+    history_from = time.perf_counter()
+    await workload.wait_tokens(plan.window_tokens)
+    await asyncio.sleep(max(0.0, history_s - (time.perf_counter() - history_from)))
+    if ballast:
+        engine.kv.free_request("ballast")
+    probe = PauseProbe()
+    engine.listeners.append(probe)
+    began = time.perf_counter()
+    status, body = await engine.rebuild(convert_body(sizing, "incremental"))
+    ended = time.perf_counter()
+    engine.listeners.remove(probe)
+    await workload.close()
+    wall = ended - began
+    window = min(wall, began - history_from)
+    baseline_tps = workload.tokens_between(began - window, began) / window
+    during = workload.tokens_between(began, ended)
+    return {
+        "budget_s": engine.config.rebuild_pause_budget_s,
+        "http_status": status, "status": body.get("status"), "error": body.get("error"),
+        "wall_s": round(wall, 4),
+        "decode_rounds": len(probe.rounds),
+        "chunk_ops": probe.ops,
+        "ops_outside_decode_rounds": probe.ops - sum(r.ops for r in probe.rounds),
+        "round_pauses": _stats([r.seconds for r in probe.rounds]),
+        "baseline_window_s": round(window, 4),
+        "baseline_decode_tps": round(baseline_tps, 1),
+        "tokens_during": during,
+        "tokens_lost": round(baseline_tps * wall - during, 1),
+        "requests_refused": workload.refused,
+    }
+
+
 async def run_freetoken(engine: ReferenceEngine, sizing: dict[str, Any]) -> dict[str, Any]:
     free = FreeMemory(engine)
     start_free = free()
@@ -463,9 +565,7 @@ async def run_freetoken(engine: ReferenceEngine, sizing: dict[str, Any]) -> dict
     sampler = Sampler(free)
     sampler.start()
     began = time.perf_counter()
-    status, body = await engine.rebuild({
-        "moe_cache_size": sizing["moe_slots_after"], "num_pages": sizing["kv_pages_after"],
-        "mode": "if_idle", "timeout": 600})
+    status, body = await engine.rebuild(convert_body(sizing, "if_idle"))
     wall = time.perf_counter() - began
     sampler.stop.set()
     sampler.join()
@@ -495,6 +595,26 @@ def _machine(device: torch.device) -> dict[str, Any]:
     return info
 
 
+async def on_fresh_engine(config: EngineConfig, model: TinyMoE,
+                          run: Callable[[ReferenceEngine], Awaitable[dict[str, Any]]]
+                          ) -> dict[str, Any]:
+    """`run` on a fresh engine of `config` that reuses `model`: the weights (on the device, and
+    the pinned expert bank of GiBs) are the same, only the pools differ between runs."""
+    try:
+        engine = ReferenceEngine(config, model=model)
+        await engine.start()
+        try:
+            return await run(engine)
+        finally:
+            await engine.close()
+    except Exception as exc:  # noqa: BLE001 - keep what was measured, say what broke
+        return {"error": "".join(traceback.format_exception(exc))[-3000:]}
+    finally:
+        gc.collect()
+        if model.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     plan = make_plan(args)
@@ -520,7 +640,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                   "expert_bytes": spec.expert_bytes, "kv_bytes_per_token": spec.kv_bytes_per_token,
                   "state_bytes": spec.state_bytes, "dense_weight_bytes": spec.dense_weight_bytes},
         "clients": plan.clients, "max_tokens": plan.max_tokens,
-        "window_tokens": plan.window_tokens, "used_before_engine_bytes": used_before, **sizing}
+        "window_tokens": plan.window_tokens, "used_before_engine_bytes": used_before,
+        "pause_budget_s": config.rebuild_pause_budget_s, **sizing}
 
     t0 = time.perf_counter()
     engine = ReferenceEngine(config)
@@ -540,21 +661,19 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.empty_cache()
         report["plan"]["free_between_runs_bytes"] = torch.cuda.mem_get_info(device)[0]
 
-    if not args.skip_freetoken:
-        # Same geometry, ft serve's execution. The model (weights on the device, 4 GiB pinned
-        # expert bank) is reused rather than rebuilt: only the pools differ between the runs.
-        try:
-            engine = ReferenceEngine(replace(config, rebuild_mode="freetoken"), model=model)
-            await engine.start()
-            try:
-                report["freetoken"] = await run_freetoken(engine, sizing)
-            finally:
-                await engine.close()
-            del engine
-        except Exception as exc:  # noqa: BLE001
-            report["freetoken"] = {"error": "".join(traceback.format_exception(exc))[-3000:]}
-        gc.collect()
     inc = report["incremental"]
+    history_s = baseline_history_s(inc, plan)
+    report["pause_budgets"] = {
+        f"{ms:g}": await on_fresh_engine(
+            replace(config, rebuild_pause_budget_s=ms / 1e3), model,
+            lambda engine: run_pause_budget(engine, plan, sizing, not args.no_ballast,
+                                            history_s))
+        for ms in args.pause_budgets_ms}
+    if not args.skip_freetoken:
+        # Same geometry, ft serve's execution.
+        report["freetoken"] = await on_fresh_engine(
+            replace(config, rebuild_mode="freetoken"), model,
+            lambda engine: run_freetoken(engine, sizing))
     if "error" in inc:
         report["summary"] = {"error": "incremental run failed",
                              "freetoken_status": report.get("freetoken", {}).get("status")}
@@ -576,8 +695,25 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "replay_tokens_match": inc["replay_tokens_match"],
         "freetoken_status": report.get("freetoken", {}).get("status"),
         "freetoken_error": (report.get("freetoken", {}).get("error") or "")[:160] or None,
+        "pause_budgets": {key: {"wall_s": run.get("wall_s"),
+                                "decode_rounds": run.get("decode_rounds"),
+                                "round_pause_p50_ms": run.get("round_pauses", {}).get("p50_ms"),
+                                "round_pause_p99_ms": run.get("round_pauses", {}).get("p99_ms"),
+                                "round_pause_max_ms": run.get("round_pauses", {}).get("max_ms"),
+                                "tokens_lost": run.get("tokens_lost")}
+                          for key, run in report["pause_budgets"].items()},
     }
     return report
+
+
+def _budgets_ms(text: str) -> tuple[float, ...]:
+    try:
+        budgets = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MS[,MS...], got {text!r}") from None
+    if not all(ms >= 0.0 for ms in budgets):  # NaN too
+        raise argparse.ArgumentTypeError(f"budgets must be >= 0 ms, got {text}")
+    return budgets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -598,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alloc-conf", choices=("expandable", "default"), default="expandable")
     parser.add_argument("--no-ballast", action="store_true")
     parser.add_argument("--skip-freetoken", action="store_true")
+    parser.add_argument("--pause-budgets-ms", type=_budgets_ms, default=(0.0, 2.0),
+                        metavar="MS[,MS...]",
+                        help="the step under decode once per rebuild pause budget (default 0,2)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and args.alloc_conf == "expandable":

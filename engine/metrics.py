@@ -1,7 +1,9 @@
 """Prometheus metrics of the reference engine, on a private registry.
 
 Most values are read from the engine at scrape time by a collector (no bookkeeping twice);
-the per-chunk pause is a histogram fed by the engine's event listener.
+the rebuild pauses are histograms fed by the engine's event listener: per chunk operation (what
+the chunk-operation target is measured on) and per decode round (what running requests felt:
+several operations may share a round, up to the pause budget).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.runtime import ChunkPause, ReferenceEngine
+from engine.runtime import ChunkPause, RebuildPause, ReferenceEngine
 
 __all__ = ["EngineMetrics"]
+
+_PAUSE_BUCKETS_S = (1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
 class _EngineCollector(Collector):
@@ -71,11 +75,17 @@ class EngineMetrics:
         self.registry.register(_EngineCollector(engine))
         self.chunk_pause = Histogram(
             "reference_engine_chunk_pause_seconds",
-            "How long decode waited for one chunk operation of an incremental rebuild",
-            labelnames=["pool", "op"], registry=self.registry,
-            buckets=(1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0))
+            "How long one chunk operation of an incremental rebuild took",
+            labelnames=["pool", "op"], registry=self.registry, buckets=_PAUSE_BUCKETS_S)
+        self.rebuild_pause = Histogram(
+            "reference_engine_rebuild_pause_seconds",
+            "How long running requests' decode waited in one round for the rebuild's chunk "
+            "operations (up to the pause budget)",
+            registry=self.registry, buckets=_PAUSE_BUCKETS_S)
         engine.listeners.append(self._on_event)
 
     def _on_event(self, event: str, payload: Any) -> None:
         if event == "chunk" and isinstance(payload, ChunkPause):
             self.chunk_pause.labels(payload.pool, payload.op).observe(payload.seconds)
+        elif event == "rebuild_pause" and isinstance(payload, RebuildPause):
+            self.rebuild_pause.observe(payload.seconds)

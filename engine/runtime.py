@@ -6,7 +6,12 @@ rounds, advances a rebuild. Two rebuild modes, so benchmarks compare them on one
 
 - `incremental` (default): free-first and chunked, content-keeping, while serving. Shrinking
   pools move their live content into kept chunks and release chunks one at a time; growing
-  pools then add chunks one at a time. Decode continues between chunk operations.
+  pools then add chunks one at a time. While requests run, each scheduler round spends up to
+  `rebuild_pause_budget_s` on chunk operations and then decodes: one operation a round would
+  stretch an N-chunk rebuild over N decode rounds, and requests queue behind it, while a
+  pause of a few ms a round costs decode little. With no request running or waiting, nothing
+  waits for the rebuild to step aside: it runs to its end, yielding to the event loop only so
+  that HTTP handlers stay responsive.
 - `freetoken`: what ft serve 0.1.2 does. Idle only (503 `busy` otherwise), MoE then KV then
   mamba, each pool dropped whole and reallocated, contents lost. An OOM rolls back and replies
   `rejected`; an OOM in the KV or mamba step leaves the rollback broken and latches `failed`,
@@ -49,10 +54,11 @@ from engine.geometry import (
     UnitCosts,
 )
 from engine.memory import DeviceMemory, emulate_card, enable_expandable_segments
-from engine.pools import ExpertSlotPool, PagedKVPool, StatePool
+from engine.pools import ChunkEvent, ExpertSlotPool, PagedKVPool, StatePool
 from engine.tokenizer import Tokenizer
 
-__all__ = ["AdmissionError", "EngineConfig", "RebuildMode", "ReferenceEngine"]
+__all__ = ["AdmissionError", "ChunkPause", "EngineConfig", "RebuildMode", "RebuildPause",
+           "ReferenceEngine"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,10 @@ RebuildMode = Literal["incremental", "freetoken"]
 VERSION = "0.1.0"
 _RING = 512
 _TPS_WINDOW_S = 5.0
+# Idle rebuilds yield to the event loop after this much work: long enough that yielding costs
+# nothing measurable, short enough that /v1/cache/status or a new request is answered without
+# a delay a human or the daemon's status poll (0.5 s apart while a rebuild runs) would notice.
+_IDLE_SLICE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +91,9 @@ class EngineConfig:
     max_seq_len: int = 1 << 20
     rebuild_mode: RebuildMode = "incremental"
     chunk_bytes: int = 2 << 20
+    # Chunk-operation time per decode round while requests run; at least one operation runs
+    # each round, so 0 is one operation a round.
+    rebuild_pause_budget_s: float = 0.002
     served_model_name: str = "tiny-moe"
 
     def __post_init__(self) -> None:
@@ -90,6 +103,8 @@ class EngineConfig:
             raise ValueError("memory_ratio must be in (0, 1]")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be at least 1")
+        if not self.rebuild_pause_budget_s >= 0.0:  # NaN too
+            raise ValueError("rebuild_pause_budget_s must be >= 0")
         if self.boot_drift_bytes and self.num_pages is not None:
             raise ValueError("a boot drift applies only to KV sized at boot (--kv-tokens auto)")
 
@@ -123,17 +138,28 @@ class _RebuildJob:
     request_id: str
     start: Geometry
     target: Geometry
-    ops: Generator[Any, None, None]
+    ops: Generator[ChunkEvent | None, None, None]
     done: asyncio.Future[tuple[int, dict[str, Any]]]
     started_s: float
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkPause:
-    """One chunk operation of an incremental rebuild: how long decode waited for it."""
+    """One chunk operation of an incremental rebuild: how long it took."""
 
     pool: str
     op: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildPause:
+    """One scheduler round's rebuild work while requests were running: how long their decode
+    waited, for how many chunk operations, touching how many bytes (moved, allocated and
+    freed, as the operations' `ChunkEvent.nbytes`)."""
+
+    ops: int
+    nbytes: int
     seconds: float
 
 
@@ -215,6 +241,7 @@ class ReferenceEngine:
         self.ttft_ms: collections.deque[int] = collections.deque(maxlen=256)
         self.token_times: collections.deque[float] = collections.deque()
         self.chunk_pauses: collections.deque[ChunkPause] = collections.deque(maxlen=4096)
+        self.rebuild_pauses: collections.deque[RebuildPause] = collections.deque(maxlen=4096)
         self.transitions: collections.Counter[tuple[str, str]] = collections.Counter()
         self.listeners: list[Callable[[str, Any], None]] = []
         self._wake = asyncio.Event()
@@ -300,6 +327,7 @@ class ReferenceEngine:
             "engine": {"name": REFERENCE_ENGINE_NAME, "version": VERSION,
                        "rebuild_mode": self.config.rebuild_mode,
                        "chunk_bytes": self.config.chunk_bytes,
+                       "pause_budget_s": self.config.rebuild_pause_budget_s,
                        "device": str(self.device),
                        "allocated_bytes": self.memory.allocated_bytes},
         }
@@ -573,12 +601,13 @@ class ReferenceEngine:
         return {"moe": g.moe_cache_size, "kv": g.num_pages, "mamba": g.num_mamba_slots}[pool]
 
     def _ops(self, live: Geometry, target: Geometry,
-             request: RebuildRequest) -> Generator[Any, None, None]:
+             request: RebuildRequest) -> Generator[ChunkEvent | None, None, None]:
         if self.config.rebuild_mode == "freetoken":
             return self._freetoken_ops(live, target)
         return self._incremental_ops(live, target)
 
-    def _incremental_ops(self, live: Geometry, target: Geometry) -> Generator[Any, None, None]:
+    def _incremental_ops(self, live: Geometry,
+                         target: Geometry) -> Generator[ChunkEvent, None, None]:
         pools = self._pools()
         changed = [p for p in ("moe", "kv", "mamba")
                    if self._size(live, p) != self._size(target, p)]
@@ -586,7 +615,7 @@ class ReferenceEngine:
         for pool in shrinks + [p for p in changed if p not in shrinks]:
             yield from pools[pool].resize_steps(self._size(target, pool))
 
-    def _freetoken_ops(self, live: Geometry, target: Geometry) -> Generator[Any, None, None]:
+    def _freetoken_ops(self, live: Geometry, target: Geometry) -> Generator[None, None, None]:
         # One blocking call, as ft serve's scheduler runs it: nothing interleaves.
         pools = self._pools()
         touched: list[str] = []
@@ -609,33 +638,58 @@ class ReferenceEngine:
         yield None
 
     def _advance_rebuild(self) -> None:
+        """Chunk operations for one scheduler round, at least one: up to the pause budget while
+        requests run or wait, up to `_IDLE_SLICE_S` when none do. Only a round with requests
+        running is recorded as a `RebuildPause`: theirs is the decode that waited."""
         job = self.rebuild_job
         assert job is not None
         if self.config.rebuild_mode == "freetoken" and (self.running or self.waiting):
             return  # requests admitted before the flip are served first
+        decoding = bool(self.running)
+        slice_s = (self.config.rebuild_pause_budget_s if decoding or self.waiting
+                   else _IDLE_SLICE_S)
+        began = time.perf_counter()
+        ops = nbytes = 0
+        while True:
+            op_bytes = self._rebuild_op(job)
+            if op_bytes is None:
+                break
+            ops += 1
+            nbytes += op_bytes
+            if time.perf_counter() - began >= slice_s:
+                break
+        if decoding:
+            pause = RebuildPause(ops, nbytes, time.perf_counter() - began)
+            self.rebuild_pauses.append(pause)
+            self._emit("rebuild_pause", pause)
+
+    def _rebuild_op(self, job: _RebuildJob) -> int | None:
+        """Run the rebuild's next operation: its bytes, or None once the rebuild has ended
+        (completed, rolled back or latched)."""
         began = time.perf_counter()
         try:
             event = next(job.ops)
         except StopIteration:
             self._complete(job, "ok", None, 200)
-            return
+            return None
         except _RolledBack as exc:
             self._complete(job, "rejected", str(exc), 503)
-            return
+            return None
         except _Latched as exc:
             self._complete(job, "failed", str(exc), 503, latch=True)
-            return
+            return None
         except torch.OutOfMemoryError as exc:
             self._roll_back_incremental(job)
             self._complete(job, "rejected",
                            f"rebuild failed and was rolled back: OutOfMemoryError({str(exc)!r})",
                            503)
-            return
-        if event is not None:
-            pause = ChunkPause(getattr(event, "pool", "?"), getattr(event, "op", "?"),
-                               time.perf_counter() - began)
-            self.chunk_pauses.append(pause)
-            self._emit("chunk", pause)
+            return None
+        if event is None:  # freetoken's one blocking step
+            return 0
+        pause = ChunkPause(event.pool, event.op, time.perf_counter() - began)
+        self.chunk_pauses.append(pause)
+        self._emit("chunk", pause)
+        return event.nbytes
 
     def _roll_back_incremental(self, job: _RebuildJob) -> None:
         pools = self._pools()

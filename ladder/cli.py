@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -76,6 +77,16 @@ def _kv_tokens(text: str) -> int | None:
 
 def _signed_bytes(text: str) -> int:
     return -_bytes(text[1:]) if text.startswith("-") else _bytes(text)
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
+    if not value >= 0.0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0 ms, got {text}")
+    return value
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
@@ -424,9 +435,11 @@ def _engine_config(args: argparse.Namespace) -> Any:
     from engine.runtime import EngineConfig
     from engine.scenarios import report_config
 
+    budget_s = args.pause_budget_ms / 1e3
     try:
         if args.scenario == "report":
-            return report_config(args.rebuild_mode, device=args.device)
+            return replace(report_config(args.rebuild_mode, device=args.device),
+                           rebuild_pause_budget_s=budget_s)
         spec = ModelSpec(num_layers=args.layers, num_experts=args.experts, top_k=args.top_k,
                          hidden=args.hidden, expert_hidden=args.expert_hidden,
                          head_dim=args.head_dim, state_heads=args.state_heads,
@@ -441,7 +454,7 @@ def _engine_config(args: argparse.Namespace) -> Any:
             boot_drift_bytes=args.boot_drift,
             num_mamba_slots=args.mamba_slots, max_running_requests=args.max_running_requests,
             max_seq_len=args.max_seq_len, rebuild_mode=args.rebuild_mode,
-            chunk_bytes=args.chunk_bytes)
+            chunk_bytes=args.chunk_bytes, rebuild_pause_budget_s=budget_s)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
 
@@ -522,6 +535,11 @@ def _add_engine(sub: Any) -> None:
                    default="incremental", help="how rebuilds run (default incremental)")
     p.add_argument("--chunk-bytes", type=_bytes, default=2 << 20, metavar="BYTES",
                    help="pool chunk size (default 2MiB)")
+    p.add_argument("--pause-budget-ms", type=_milliseconds, default=2.0, metavar="MS",
+                   help="chunk-operation time per decode round while requests run (default "
+                        "2): more finishes a rebuild in fewer decode rounds but stalls each of "
+                        "them longer; 0 is one operation a round (longest rebuild, shortest "
+                        "stalls). With no request queued a rebuild runs straight through")
     pools = p.add_argument_group("initial geometry")
     pools.add_argument("--moe-cache-size", type=_count, default=0,
                        help="expert slots (default: one per expert)")

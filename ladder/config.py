@@ -348,6 +348,7 @@ class ControlConfig:
     busy_backoff_base_s: float = _key(1.0, _float())
     busy_backoff_max_s: float = _key(30.0, _float())
     max_replans: int = _key(2, _int())
+    transition_estimate_s: float = _key(1.0, _float())
 
     def apply_settings(self, ladder: LadderConfig) -> ApplySettings:
         from ladder.executor import ApplySettings  # lazy: the executor pulls in the client

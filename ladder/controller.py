@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,7 +33,7 @@ from ladder.safeguards import Safeguards
 from ladder.wire import RequestEntry
 from policies.api import Decision, LadderView, Observation, Policy
 
-__all__ = ["ControlSettings", "ServerController", "TransitionRecord"]
+__all__ = ["ControlSettings", "ServerController", "TransitionRecord", "transition_cost_s"]
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,15 @@ log = logging.getLogger(__name__)
 _PENDING_GRACE_S = 2.0
 
 
+# How many of the latest reached transitions price the next one: enough that one slow step
+# (a cold start, a step that waited for an idle moment) does not set the price alone.
+_PRICED_TRANSITIONS = 8
+
+
 @dataclass(frozen=True, slots=True)
 class ControlSettings:
     poll_s: float = 2.0
+    # What a transition costs until this server has reached one (then the measured median).
     transition_estimate_s: float = 1.0
     history_requests: int = 64
     # An unchanged decision or a repeated warning is logged at most this often.
@@ -75,6 +82,13 @@ class _Measured:
 
     def view(self) -> dict[int, tuple[float, float]]:
         return {r: (self.tokens[r] / s, s) for r, s in self.seconds.items() if s > 0}
+
+
+def transition_cost_s(records: Iterable[TransitionRecord], prior_s: float) -> float:
+    """What the next transition is expected to cost: the median wall time of the latest
+    reached ones, `prior_s` before any (policies weigh a step's gain against it)."""
+    reached = [r.seconds for r in records if r.reached][-_PRICED_TRANSITIONS:]
+    return statistics.median(reached) if reached else prior_s
 
 
 class ServerController:
@@ -162,7 +176,8 @@ class ServerController:
 
     def ladder_view(self) -> LadderView:
         assert self.ladder is not None
-        return self.ladder.view(self.settings.transition_estimate_s)
+        return self.ladder.view(transition_cost_s(self.transitions,
+                                                  self.settings.transition_estimate_s))
 
     def _rebuild_ladder(self, status: CacheStatus, model_ctx_tokens: int | None) -> None:
         self.model = MemoryModel.from_status(status, fixed_bytes=self.apply_settings.fixed_bytes,

@@ -216,8 +216,10 @@ def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
             fallback_after_failed_reads=s.fallback_after_failed_reads))
         controller = ServerController(
             server.name, client, policy, safeguards, spec=server.ladder.to_spec(),
-            settings=ControlSettings(poll_s=config.control.poll_s,
-                                     log_repeat_s=config.log.repeat_s),
+            settings=ControlSettings(
+                poll_s=config.control.poll_s,
+                transition_estimate_s=config.control.transition_estimate_s,
+                log_repeat_s=config.log.repeat_s),
             apply_settings=config.control.apply_settings(server.ladder), clock=clock,
             metrics=metrics, policy_name=server.policy)
         controllers.append(controller)

@@ -60,7 +60,8 @@ async def test_every_arm_on_a_tiny_trace() -> None:
         assert arms[arm]["requests"] == 5
         assert len(run["per_request"][arm]) == 5
         assert set(run["ratios"][arm]) == {"vs_static_full", "vs_grow_only", "vs_oracle"}
-    for arm in ("headroom", "throughput", "pinned-0", "grow-only", "static-full", "oracle"):
+    for arm in ("headroom", "throughput", "pinned-0", "grow-only", "static-full", "oracle",
+                "freetoken-static-full", "freetoken-grow-only", "freetoken-headroom"):
         assert arms[arm]["refused"] == 0, (arm, run["per_request"][arm])
         assert arms[arm]["truncated"] == 0, (arm, run["per_request"][arm])
         assert arms[arm]["decode_tps"] > 0
@@ -80,10 +81,23 @@ async def test_every_arm_on_a_tiny_trace() -> None:
         assert 0 < window <= arms[arm]["expert_hits"] + arms[arm]["expert_misses"]
     # The best rung for each request has at least the slots of the top rung.
     assert arms["oracle"]["hit_rate"] >= arms["static-full"]["hit_rate"]
-    assert arms["oracle"]["free_transitions"] is True
-    # The moe-ladder arms stepped up for the long turns, through the daemon.
+    assert arms["oracle"]["bench_driven"] is True
+    # The oracle ran last and was priced with what the other arms measured.
+    assert list(arms)[-1] == "oracle"
+    plan = run["oracle_plan"]
+    assert plan["live_set_from"] == "static-full" and plan["measured_rungs"]
+    ladder = run["ladders"]["headroom"]
+    assert len(plan["rungs"]) == 5
+    for request, rung in zip(_tiny_trace(), plan["rungs"], strict=True):
+        # No planned rung is one the request alone does not fit (the page rounding aside).
+        assert ladder[rung]["kv_tokens"] >= request.prompt_tokens + request.max_tokens - 16
+    assert arms["oracle"]["transitions"] == arms["oracle"]["engine_rebuilds"]
+    # The moe-ladder arms stepped up for the long turns, through the daemon, on both engines.
     assert arms["headroom"]["transitions"] >= 1
-    assert run["targets"].keys() == {"headroom", "throughput"}
+    assert arms["freetoken-headroom"]["transitions"] >= 1
+    assert run["targets"].keys() == {"headroom", "throughput", "freetoken-headroom"}
+    assert set(run["targets"]["freetoken-headroom"]) == {
+        "vs_static_full>=1.2", "refused==0", "truncated==0"}
 
 
 def test_grow_only_never_steps_down() -> None:
@@ -104,6 +118,39 @@ def test_grow_only_never_steps_down() -> None:
     assert decide(0) == 2
     with pytest.raises(ValueError, match="unknown option"):
         bench.GrowOnly(step=3)
+
+
+def test_the_default_arm_is_the_daemons_default_policy() -> None:
+    from ladder.config import ServerConfig
+
+    assert ServerConfig().policy == bench.DEFAULT_ARM
+
+
+@pytest.mark.timeout(120)
+def test_seeds_write_one_summary_per_trace(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "seeds.json"
+    assert bench.main(["--trace", "chat", "--seeds", "3,4", "--requests", "3", "--arms",
+                       "static-full,grow-only,headroom,oracle", "--quiet",
+                       "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"chat/seed3", "chat/seed4"}
+    assert [doc["runs"][k]["seed"] for k in ("chat/seed3", "chat/seed4")] == [3, 4]
+    chat = doc["traces"]["chat"]
+    assert chat["seeds"] == [3, 4]
+    for arm in ("static-full", "grow-only", "headroom", "oracle"):
+        assert chat["arms"][arm] == [doc["runs"][k]["arms"][arm]["decode_tps"]
+                                     for k in ("chat/seed3", "chat/seed4")]
+    assert chat["headroom_vs_grow_only"] == [
+        doc["runs"][k]["ratios"]["headroom"]["vs_grow_only"] for k in ("chat/seed3",
+                                                                        "chat/seed4")]
+    assert len(chat["headroom_vs_static_full"]) == len(chat["headroom_vs_oracle"]) == 2
+    assert "trace chat, seeds 3, 4" in capsys.readouterr().out
+    # The two seeds replayed different requests.
+    sizes = [[row["prompt_tokens"] for row in doc["runs"][k]["per_request"]["static-full"]]
+             for k in ("chat/seed3", "chat/seed4")]
+    assert sizes[0] != sizes[1]
+    assert bench.main(["--trace", "chat", "--seeds", "x"]) == 2
 
 
 def test_cli_writes_json(tmp_path: Path) -> None:

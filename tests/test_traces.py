@@ -48,6 +48,8 @@ def test_generators_are_deterministic() -> None:
     assert traces.short_chat(3, 50) == traces.short_chat(3, 50)
     assert traces.mixed(3, 60) == traces.mixed(3, 60)
     assert traces.agentic_sessions(3, 3, 60) == traces.agentic_sessions(3, 3, 60)
+    assert traces.handoff(3, 60) == traces.handoff(3, 60)
+    assert traces.handoff(3, 60) != traces.handoff(4, 60)
     assert traces.agentic_session(3, 30) != traces.agentic_session(4, 30)
     assert traces.short_chat(3, 50) != traces.short_chat(4, 50)
 
@@ -59,8 +61,9 @@ def test_generators_are_deterministic() -> None:
         lambda: traces.agentic_sessions(1, 4, 300),
         lambda: traces.short_chat(1, 300),
         lambda: traces.mixed(1, 300),
+        lambda: traces.handoff(1, 300),
     ],
-    ids=["agentic", "sessions", "chat", "mixed"],
+    ids=["agentic", "sessions", "chat", "mixed", "handoff"],
 )
 def test_time_is_monotone_and_fields_valid(make) -> None:
     trace = make()
@@ -189,6 +192,24 @@ def test_mixed_interleaves_both_kinds() -> None:
     first_chat, last_chat = kinds.index("chat"), len(kinds) - 1 - kinds[::-1].index("chat")
     assert "agentic" in kinds[first_chat:last_chat]
     assert trace == sorted(trace, key=lambda r: (r.t_s, r.session))
+
+
+def test_handoff_ends_each_session_before_its_chat() -> None:
+    for seed in range(10):
+        trace = traces.handoff(seed, 200, turns_range=(2, 5), chats_range=(3, 6))
+        # One closed-loop session: each request waits for the one before it.
+        assert {r.session for r in trace} == {f"handoff-{seed}"}
+        runs = [(kind, len(list(group)))
+                for kind, group in itertools.groupby(r.kind for r in trace)]
+        assert [kind for kind, _ in runs[:4]] == ["agentic", "chat", "agentic", "chat"]
+        for kind, count in runs[:-1]:  # the last block may be cut by n
+            assert 2 <= count <= 5 if kind == "agentic" else 3 <= count <= 6
+        chats = [r for r in trace if r.kind == "chat"]
+        assert max(r.prompt_tokens for r in chats) <= traces.DEFAULT_CHAT.context_knots[-1][1]
+        assert min(r.prompt_tokens for r in trace if r.kind == "agentic") >= P.system_tools_tokens
+    assert traces.main(["--kind", "handoff", "--n", "7"]) == 0
+    with pytest.raises(ValueError, match="turns"):
+        traces.handoff(1, 10, turns_range=(0, 3))
 
 
 def test_scaled_divides_tokens_and_keeps_times() -> None:

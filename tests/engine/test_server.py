@@ -233,8 +233,9 @@ async def test_busy_409_504_and_state_while_rebuilding(serve: Any) -> None:
     assert resp.status == 503
     assert (await resp.json())["status"] == "busy"
     await gen
-    # 504 with the server still rebuilding, then 409 for a second call.
-    engine2, client2 = await serve(small_config())
+    # 504 with the server still rebuilding, then 409 for a second call. One chunk operation
+    # a decode round keeps the rebuild in flight for as many rounds as it has operations.
+    engine2, client2 = await serve(small_config(rebuild_pause_budget_s=0.0))
     long_gen = asyncio.create_task(complete(client2, words(10), 200))
     while not engine2.running:
         await asyncio.sleep(0.001)
@@ -456,7 +457,8 @@ async def test_accounting_matches_torch(serve: Any) -> None:
 
 
 async def test_close_mid_rebuild_frees_every_pool_byte(serve: Any) -> None:
-    engine, client = await serve(small_config(chunk_bytes=16 << 10))
+    # One operation a round: the rebuild is surely still in flight when the test closes.
+    engine, client = await serve(small_config(chunk_bytes=16 << 10, rebuild_pause_budget_s=0.0))
     gen = asyncio.create_task(complete(client, words(10), 400))
     while not engine.running:
         await asyncio.sleep(0.001)
@@ -499,6 +501,7 @@ async def test_metrics_endpoint(serve: Any) -> None:
     for name in ("reference_engine_pool_bytes{pool=\"kv\"}", "reference_engine_expert_lookups",
                  "reference_engine_decode_tokens_total", "reference_engine_rebuilds_total",
                  "reference_engine_chunk_pause_seconds_bucket",
+                 "reference_engine_rebuild_pause_seconds_bucket",
                  "reference_engine_decode_tokens_per_second"):
         assert name in text
 

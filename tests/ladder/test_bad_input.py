@@ -111,6 +111,8 @@ DOWN = "127.0.0.1:9"  # nothing listens on the discard port
     (["run", "--server", DOWN, "--listen", "nowhere"], "listen"),
     (["engine"], "--device-memory-bytes"),
     (["engine", "--device-memory-bytes", "1MiB"], "fit"),
+    (["engine", "--device-memory-bytes", "64MiB", "--pause-budget-ms", "-1"],
+     "--pause-budget-ms"),
     (["demo", "--plot", "/nonexistent-folder/run.png"], "/nonexistent-folder"),
     (["demo", "--seed", "many"], "--seed"),
     (["policies", "--verbose"], "unrecognized arguments"),

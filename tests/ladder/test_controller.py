@@ -19,6 +19,7 @@ import pytest
 from engine.runtime import ReferenceEngine
 from engine.server import make_app
 from ladder.config import merge
+from ladder.controller import TransitionRecord, transition_cost_s
 from ladder.daemon import build_daemon
 from ladder.demo import demo_engine_config
 from tests.engine.test_server import words
@@ -82,3 +83,34 @@ async def test_a_request_queued_inside_the_server_keeps_its_rung(
         await controller.tick()  # nothing in flight: back to the pin
         assert gate.forwarded_kv_tokens() == 0
         assert controller.rung == 0
+
+
+def test_the_transition_cost_is_the_median_of_the_latest_reached_ones() -> None:
+    def record(seconds: float, reached: bool = True) -> TransitionRecord:
+        return TransitionRecord(0.0, seconds, 0, 1, "test", reached, {})
+
+    assert transition_cost_s([], 1.0) == 1.0
+    assert transition_cost_s([record(9.0, reached=False)], 1.0) == 1.0
+    assert transition_cost_s([record(0.2), record(9.0, reached=False), record(0.4)], 1.0) == (
+        pytest.approx(0.3))
+    # Only the latest eight count: an old slow step stops setting the price.
+    assert transition_cost_s([record(50.0)] + [record(0.1)] * 8, 1.0) == pytest.approx(0.1)
+
+
+@pytest.mark.timeout(60)
+async def test_policies_see_the_measured_transition_cost(aiohttp_server: Any) -> None:
+    engine = ReferenceEngine(demo_engine_config())
+    engine_url = str((await aiohttp_server(make_app(engine))).make_url("")).rstrip("/")
+    config = merge({
+        "servers": [{"name": "s", "url": engine_url, "policy": "pinned",
+                     "policy_options": {"rung": 0}, "ladder": {"kv_floor_tokens": 512}}],
+        "control": {"apply_poll_s": 0.01, "transition_estimate_s": 7.0}})
+    async with aiohttp.ClientSession() as session:
+        controller = build_daemon(config, session).controllers[0]
+        await controller.observe()
+        assert controller.ladder_view().transition_s == 7.0  # the prior: nothing measured
+        await controller.tick()  # the demo engine boots off the ladder: one step onto rung 0
+        assert controller.rung == 0
+        [record] = controller.transitions
+        assert record.reached
+        assert controller.ladder_view().transition_s == record.seconds != 7.0
