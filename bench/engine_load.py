@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.runtime import ReferenceEngine
-from engine.scenarios import report_config
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.scenarios import report_config
 
 PROMPTS = [[(7 * i + j) % 50 + 3 for j in range(5 + i % 7)] for i in range(12)]
 

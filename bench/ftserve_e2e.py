@@ -45,9 +45,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.budget import MemoryModel
-from engine.geometry import CacheStatus, Geometry
-from engine.planner import plan_transition
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import CacheStatus, Geometry
+from engine.ftserve.planner import plan_transition
 from ladder.client import ClientError, FtServeClient
 from ladder.config import merge
 from ladder.daemon import build_daemon

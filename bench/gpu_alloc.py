@@ -1,8 +1,8 @@
 """Which CUDA allocation strategy the pools should use: torch + expandable segments, or VMM.
 
 A measurement, not production code: the VMM code lives only here. On an emulated 16 GiB card
-(`engine.memory.emulate_card`, a driver filler outside torch, gpu-memory.md §4) a KV pool made of
-chunks fills the card to within `--headroom-mib` of full; then `--convert-gib` of KV chunks
+(`engine.reference.memory.emulate_card`, a driver filler outside torch, gpu-memory.md §4) a KV pool
+made of chunks fills the card to within `--headroom-mib` of full; then `--convert-gib` of KV chunks
 become expert chunks, chunk by chunk, in one of these modes (each in its own subprocess, so
 `PYTORCH_CUDA_ALLOC_CONF` is read by a fresh allocator and no state leaks between modes):
 
@@ -117,7 +117,7 @@ class Conversion:
 def run_torch(args: argparse.Namespace, alloc_first: bool) -> dict[str, Any]:
     import torch
 
-    from engine.memory import emulate_card
+    from engine.reference.memory import emulate_card
 
     device = torch.device("cuda")
     torch.cuda.init()  # type: ignore[no-untyped-call]
@@ -433,7 +433,7 @@ def run_vmm(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     import torch
     from cuda.bindings import driver as cu
 
-    from engine.memory import emulate_card
+    from engine.reference.memory import emulate_card
 
     device = torch.device("cuda")
     torch.cuda.init()  # type: ignore[no-untyped-call]

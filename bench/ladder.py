@@ -56,7 +56,7 @@ PCIe Gen5), KV 24 layers x 2 x 128 x fp32 = 24 KiB per token (Qwen3-Next bf16: 2
 4.8 GiB beside the real weights): ~2,700 slots (88 % of the 3,072 experts) at the 4k rung,
 ~2,050 at 64k, ~400 at 200k, the 128-slot floor at ~224k tokens, which holds the largest
 agentic request. Traces run at full size (`--scale 1`); the host expert bank is 6 GiB pinned,
-built once for all arms. A miss's layer waits for its copy (`engine.decoder`), and the run
+built once for all arms. A miss's layer waits for its copy (`engine.reference.decoder`), and the run
 reports what a miss cost in decode (`miss_cost`, a fit over the arms) beside one expert's
 copy alone (`expert_copy_us`), and what the misses alone predict (`miss_model`: each miss at
 one copy, the rest the same in every arm; its ratios set apart what a ladder gains from a
@@ -176,8 +176,8 @@ class GrowOnly:
 
 def gpu_engine_config() -> Any:
     """The 16 GB-card engine of the module docstring (2 MiB experts, 24 KiB of KV a token)."""
-    from engine.decoder import ModelSpec
-    from engine.runtime import EngineConfig
+    from engine.reference.decoder import ModelSpec
+    from engine.reference.runtime import EngineConfig
 
     spec = ModelSpec(num_layers=24, num_experts=128, top_k=8, hidden=1024, expert_hidden=256,
                      head_dim=128, state_heads=1, page_size=16, routing_preset="A")
@@ -461,8 +461,8 @@ def _daemon_config(arm: str, url: str, gate_port: int, tokenizer: str,
 
 
 def _ladder_of(engine: Any, spec: Any) -> Any:
-    from engine.budget import MemoryModel
-    from engine.geometry import parse_cache_status
+    from engine.ftserve.budget import MemoryModel
+    from engine.ftserve.geometry import parse_cache_status
     from ladder.rungs import build_ladder
 
     status = parse_cache_status(engine.status_doc())
@@ -473,9 +473,9 @@ def _ladder_of(engine: Any, spec: Any) -> Any:
 async def _set_geometry(engine: Any, geometry: Any) -> None:
     """`engine.rebuild` to `geometry` through the planner's steps: one call on an incremental
     engine, which frees first; shrinks first on a freetoken one, whose single call can OOM."""
-    from engine.budget import MemoryModel
-    from engine.geometry import parse_cache_status
-    from engine.planner import plan_transition
+    from engine.ftserve.budget import MemoryModel
+    from engine.ftserve.geometry import parse_cache_status
+    from engine.ftserve.planner import plan_transition
 
     status = parse_cache_status(engine.status_doc())
     plan = plan_transition(MemoryModel.from_status(status), status.geometry, geometry)
@@ -497,8 +497,8 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
     """One arm on a fresh engine (pools, scheduler, server; `model`'s weights when given):
     set its geometry or start its daemon, replay, measure. `oracle_rungs`: the oracle's
     planned rung for each request of `trace` (by index)."""
-    from engine.runtime import ReferenceEngine
-    from engine.server import serve
+    from engine.reference.runtime import ReferenceEngine
+    from engine.reference.server import serve
     from ladder.daemon import build_daemon
     from ladder.demo import _free_port
 
@@ -740,7 +740,7 @@ async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchO
                     previous: dict[str, Any] | None) -> dict[str, Any]:
     import torch
 
-    from engine.decoder import TinyMoE
+    from engine.reference.decoder import TinyMoE
 
     say = _say(opts)
     say(f"trace {trace_kind}: {len(trace)} requests, scale 1/{opts.scale:g}, time 1/"

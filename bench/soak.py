@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiohttp import web
 
-from engine.runtime import ReferenceEngine
-from engine.scenarios import report_config
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.scenarios import report_config
+from engine.reference.server import make_app
 from ladder.client import FtServeClient
 from ladder.clock import VirtualClock
 from ladder.controller import ControlSettings, ServerController

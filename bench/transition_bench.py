@@ -78,10 +78,10 @@ if __package__ in (None, ""):
 
 import torch
 
-from engine.decoder import ModelSpec, TinyMoE
-from engine.memory import enable_expandable_segments
-from engine.pools import ChunkEvent
-from engine.runtime import (
+from engine.reference.decoder import ModelSpec, TinyMoE
+from engine.reference.memory import enable_expandable_segments
+from engine.reference.pools import ChunkEvent
+from engine.reference.runtime import (
     AdmissionError,
     ChunkPause,
     EngineConfig,

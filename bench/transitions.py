@@ -61,14 +61,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from engine.runtime import RebuildMode
+    from engine.reference.runtime import RebuildMode
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.budget import MemoryModel
-from engine.geometry import CacheStatus, Geometry, parse_cache_status
-from engine.planner import call_instants, plan_transition
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import CacheStatus, Geometry, parse_cache_status
+from engine.ftserve.planner import call_instants, plan_transition
 from ladder.rungs import Ladder, LadderSpec, build_ladder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,8 +82,8 @@ ENGINE_FILL = 0.99
 REPORT_BENCH = {"card": "RTX 5080 16 GB", "memory_ratio": 0.95, "kv_max_tokens": 262144,
                 "headroom_bytes": int(511.5 * MIB),
                 "headroom_source": "511.5 MiB free beyond the pools at the report's OOM "
-                                   "(= engine.scenarios.REPORT.free_at_oom_bytes; not imported "
-                                   "here because that module pulls in torch)"}
+                                   "(= engine.reference.scenarios.REPORT.free_at_oom_bytes; "
+                                   "not imported here because that module pulls in torch)"}
 # The report's two `ft ctl cache` calls (moe, kv tokens, mamba or None = unchanged).
 REPORT_CASES = ((1024, 65536, None), (1400, 8192, 4))
 
@@ -354,7 +354,7 @@ SIZES = {
     # The smallest that still shows the report's shape (tests).
     "tiny": EngineSizes(layers=4, experts=32, hidden=32, expert_hidden=64, head_dim=16,
                         page_size=16, chunk_bytes=256 << 10, kv_floor_tokens=128),
-    # CI: engine.scenarios.report_config's model (8 x 64 experts of 64 KiB).
+    # CI: engine.reference.scenarios.report_config's model (8 x 64 experts of 64 KiB).
     "ci": EngineSizes(layers=8, experts=64, hidden=64, expert_hidden=128, head_dim=32,
                       page_size=16, chunk_bytes=MIB, kv_floor_tokens=256),
     # CUDA: 8 MiB experts, 4 x 64 of them (a 2 GiB pinned host bank), 16 KiB KV tokens.
@@ -369,7 +369,7 @@ class ScaledGeometry:
 
     source: str
     scale: float
-    spec: Any  # engine.decoder.ModelSpec (imported lazily: torch)
+    spec: Any  # engine.reference.decoder.ModelSpec (imported lazily: torch)
     budget_bytes: int
     headroom_bytes: int
     kv_max_tokens: int
@@ -386,7 +386,7 @@ def scale_geometry(geo: BenchGeometry, sizes: EngineSizes) -> ScaledGeometry:
     (`sizes.layers` at the least): with fewer, its `layers x experts` slot cap would stop
     every rung short of the budget, and nothing would be near full.
     """
-    from engine.decoder import ModelSpec
+    from engine.reference.decoder import ModelSpec
 
     units, shape = geo.status.units, geo.status.shape
     layers_worth = geo.budget_bytes / (units.moe_per_expert * shape.num_experts)
@@ -439,7 +439,7 @@ class EngineRun:
 
 def _config(scaled: ScaledGeometry, geometry: Geometry, mode: str, device: str,
             card_bytes: int) -> Any:
-    from engine.runtime import EngineConfig
+    from engine.reference.runtime import EngineConfig
 
     if device == "cpu":
         # DeviceMemory caps the pools at card - weights = budget + headroom.
@@ -457,7 +457,7 @@ def _config(scaled: ScaledGeometry, geometry: Geometry, mode: str, device: str,
 
 def engine_ladder(scaled: ScaledGeometry) -> tuple[CacheStatus, Ladder]:
     """The ladder built from the engine's own status document (a CPU probe, freetoken mode)."""
-    from engine.runtime import ReferenceEngine
+    from engine.reference.runtime import ReferenceEngine
 
     probe_geometry = Geometry(scaled.spec.num_experts, 1, scaled.mamba_slots)
     config = replace(_config(scaled, probe_geometry, "freetoken", "cpu", 0),
@@ -541,7 +541,7 @@ class _Cuda:
 async def _serve(engine: Any) -> tuple[Any, str]:
     from aiohttp import web
 
-    from engine.server import make_app
+    from engine.reference.server import make_app
 
     runner = web.AppRunner(make_app(engine), shutdown_timeout=1.0)
     await runner.setup()
@@ -560,7 +560,7 @@ async def run_one(scaled: ScaledGeometry, start: Geometry, target: Geometry, *, 
                   model: Any) -> EngineRun:
     """One transition on a fresh engine (`model`'s weights) served over loopback HTTP; real
     peaks measured."""
-    from engine.runtime import ReferenceEngine
+    from engine.reference.runtime import ReferenceEngine
     from ladder.client import FtServeClient
     from ladder.executor import ApplySettings, apply_target
 
@@ -644,7 +644,7 @@ async def run_engine_mode(geo: BenchGeometry, sizes: EngineSizes, *, device: str
     card_bytes = default_card_bytes(capacity) if card_bytes is None else card_bytes
     import torch
 
-    from engine.decoder import TinyMoE
+    from engine.reference.decoder import TinyMoE
 
     # One model per geometry: its host expert bank is GiBs on CUDA, the pools are the subject.
     model = TinyMoE(scaled.spec, torch.device(device))
@@ -732,7 +732,7 @@ def main(argv: Iterable[str] | None = None,
                                     include_pairs=args.pairs)
     if args.mode in ("engine", "both"):
         if args.device.startswith("cuda"):
-            from engine.memory import enable_expandable_segments
+            from engine.reference.memory import enable_expandable_segments
 
             enable_expandable_segments()
         sizes = SIZES[args.sizes or ("ci" if args.device == "cpu" else "cuda")]

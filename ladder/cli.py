@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from engine.budget import MemoryModel
-from engine.geometry import CacheStatus, Geometry, StatusError, parse_cache_status
-from engine.planner import plan_transition
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import CacheStatus, Geometry, StatusError, parse_cache_status
+from engine.ftserve.planner import plan_transition
 from ladder.config import option_value, server_url
 from ladder.render import render_ladder, render_plan, render_pools
 from ladder.rungs import LadderSpec, build_ladder, reachable_ranges, small_budget_hint
@@ -431,9 +431,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _engine_config(args: argparse.Namespace) -> Any:
-    from engine.decoder import ModelSpec
-    from engine.runtime import EngineConfig
-    from engine.scenarios import report_config
+    from engine.reference.decoder import ModelSpec
+    from engine.reference.runtime import EngineConfig
+    from engine.reference.scenarios import report_config
 
     budget_s = args.pause_budget_ms / 1e3
     try:
@@ -472,8 +472,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
     _require_torch("engine")
     import torch
 
-    from engine.runtime import ReferenceEngine
-    from engine.server import serve
+    from engine.reference.runtime import ReferenceEngine
+    from engine.reference.server import serve
 
     config = _engine_config(args)
     if config.device.startswith("cuda") and not torch.cuda.is_available():
@@ -563,7 +563,7 @@ def _add_engine(sub: Any) -> None:
     model.add_argument("--state-heads", type=int, default=1)
     model.add_argument("--page-size", type=int, default=16)
     model.add_argument("--routing", choices=("A", "B", "C"), default="A",
-                       help="routing locality preset (engine/routing.py PRESETS)")
+                       help="routing locality preset (engine/reference/routing.py PRESETS)")
     model.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_engine)
 

@@ -1,4 +1,4 @@
-"""Thin aiohttp adapter for `ft serve`'s control routes; all meaning lives in `ladder.wire`.
+"""Thin aiohttp adapter for `ft serve`'s control routes; all meaning lives in `engine.ftserve.wire`.
 
 Why it exists: the daemon needs one place that turns every way HTTP can go wrong into a small,
 closed set of errors (`ClientError` and its subclasses), so the controller never sees a raw
@@ -24,8 +24,8 @@ from typing import Any, Final, TypeVar
 import aiohttp
 from yarl import URL
 
-from engine.geometry import CacheStatus, StatusError, parse_cache_status
-from ladder.wire import (
+from engine.ftserve.geometry import CacheStatus, StatusError, parse_cache_status
+from engine.ftserve.wire import (
     Health,
     RebuildOutcome,
     RequestLog,
@@ -204,7 +204,7 @@ class FtServeClient:
         return self._parse(CACHE_STATUS_PATH, parse_cache_status, doc)
 
     async def stats(self) -> Stats:
-        """`GET /v1/stats` (its `kv`/`mamba` sizes are stale; see `ladder.wire.KvUsage`)."""
+        """`GET /v1/stats` (its `kv`/`mamba` sizes are stale; see `engine.ftserve.wire.KvUsage`)."""
         doc = await self._get_json(STATS_PATH)
         return self._parse(STATS_PATH, parse_stats, doc)
 

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.budget import MemoryModel
-from engine.geometry import CacheStatus, Geometry
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import CacheStatus, Geometry
+from engine.ftserve.wire import RequestEntry
 from ladder.client import ClientError, FtServeClient, Unauthorized
 from ladder.clock import Clock, SystemClock
 from ladder.executor import ApplyResult, ApplySettings, apply_target
@@ -30,7 +31,6 @@ from ladder.logs import LogThrottle
 from ladder.metrics import DaemonMetrics
 from ladder.rungs import Ladder, LadderSpec, build_ladder, small_budget_hint
 from ladder.safeguards import Safeguards
-from ladder.wire import RequestEntry
 from policies.api import Decision, LadderView, Observation, Policy
 
 __all__ = ["ControlSettings", "ServerController", "TransitionRecord", "transition_cost_s"]

@@ -83,8 +83,8 @@ def demo_engine_config() -> Any:
     Qwen3.8-Flash-Next. The budget holds the 64-slot floor beside ~6k KV tokens, or ~190
     slots beside the 512-token bottom rung.
     """
-    from engine.decoder import ModelSpec
-    from engine.runtime import EngineConfig
+    from engine.reference.decoder import ModelSpec
+    from engine.reference.runtime import EngineConfig
 
     spec = ModelSpec(num_layers=8, num_experts=64, top_k=4, hidden=128, expert_hidden=512,
                      head_dim=128, state_heads=1, page_size=16, routing_preset="A")
@@ -138,8 +138,8 @@ async def _request(session: aiohttp.ClientSession, gate: str, prompt: str, max_t
 
 async def run_demo(*, seed: int = 0, short_requests: int = 6, long_prompt_tokens: int = 4000,
                    dwell_s: float = 4.0, say: Callable[[str], None] = print) -> DemoResult:
-    from engine.runtime import ReferenceEngine
-    from engine.server import serve
+    from engine.reference.runtime import ReferenceEngine
+    from engine.reference.server import serve
     from ladder.daemon import build_daemon
 
     rng = random.Random(seed)

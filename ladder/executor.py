@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.budget import MemoryModel
-from engine.geometry import CacheStatus, Geometry
-from engine.planner import Plan, Step, plan_transition
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import CacheStatus, Geometry
+from engine.ftserve.planner import Plan, Step, plan_transition
+from engine.ftserve.wire import RebuildOutcome
 from ladder.client import ClientError, EngineTimeout, FtServeClient
 from ladder.clock import Clock, SystemClock
-from ladder.wire import RebuildOutcome
 
 __all__ = ["ApplyResult", "ApplySettings", "StepRecord", "apply_target"]
 

@@ -86,7 +86,7 @@ def price_call(geometry: Mapping[str, Any], body: Mapping[str, Any]) -> tuple[in
     """(bytes held before, peak bytes) of one rebuild call under ft serve's order.
 
     `geometry` is a `/v1/cache/status` `geometry` object. Deliberately written from the
-    control-plane document alone (§2.2), not from engine.planner: MoE, then KV, then mamba;
+    control-plane document alone (§2.2), not from engine.ftserve.planner: MoE, then KV, then mamba;
     while one pool is reallocated, the pools before it hold their new size and the pools after
     it their old size. Physical units: KV usable pages + 1 dummy, mamba usable slots + 1 sink.
     """

@@ -71,6 +71,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from engine.ftserve.wire import RequestEntry
 from ladder.sizing import (
     DEFAULT_MAX_TOKENS,
     GENERATION_PATHS,
@@ -83,7 +84,6 @@ from ladder.sizing import (
     match_observations,
     size_request,
 )
-from ladder.wire import RequestEntry
 
 __all__ = [
     "REBUILD_IN_PROGRESS",

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.budget import MemoryModel
-from engine.geometry import Geometry
-from ladder.wire import Stats
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import Geometry
+from engine.ftserve.wire import Stats
 
 __all__ = ["DaemonMetrics"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from engine.budget import MemoryModel
-from engine.geometry import CacheStatus, Geometry
-from engine.planner import Plan
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import CacheStatus, Geometry
+from engine.ftserve.planner import Plan
 from ladder.rungs import Ladder, PoolRange, SmallBudgetHint
 from ladder.units import format_bytes
 

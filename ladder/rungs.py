@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.budget import MemoryModel
-from engine.geometry import Geometry, Limits
-from engine.planner import SIZE_FIELD, Plan, plan_transition, pool_size
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import Geometry, Limits
+from engine.ftserve.planner import SIZE_FIELD, Plan, plan_transition, pool_size
 from policies.api import LadderView, RungView
 
 __all__ = [

@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from ladder.wire import RequestEntry
+from engine.ftserve.wire import RequestEntry
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -495,7 +495,7 @@ def load_tokenizer(path: str | Path) -> Callable[[str], int]:
     """A token counter from a tokenizer file; raises `ValueError` naming what is wrong.
 
     Two formats: `{"kind": "moe-ladder-reference", "vocab_size": 4096}` is the reference
-    engine's tokenizer (`engine.tokenizer`); a HuggingFace `tokenizer.json` needs the
+    engine's tokenizer (`engine.reference.tokenizer`); a HuggingFace `tokenizer.json` needs the
     `tokenizers` package. Special tokens are not added: the template overhead covers them.
     """
     file = Path(path)
@@ -505,7 +505,10 @@ def load_tokenizer(path: str | Path) -> Callable[[str], int]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{file}: cannot read tokenizer file: {exc}") from exc
     if isinstance(doc, Mapping) and doc.get("kind") == REFERENCE_TOKENIZER_KIND:
-        from engine.tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer  # lazy: the engine is optional
+        from engine.reference.tokenizer import (  # lazy: the engine is optional
+            DEFAULT_VOCAB_SIZE,
+            Tokenizer,
+        )
 
         vocab = doc.get("vocab_size", DEFAULT_VOCAB_SIZE)
         if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:

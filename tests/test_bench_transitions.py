@@ -13,9 +13,9 @@ from types import ModuleType
 
 import pytest
 
-from engine.budget import MemoryModel
-from engine.geometry import parse_cache_status
-from engine.scenarios import REPORT
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import parse_cache_status
+from engine.reference.scenarios import REPORT
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "transitions.py"
 STEP_BENCH = BENCH.with_name("transition_bench.py")

@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.runtime import ReferenceEngine
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.server import make_app
 from ladder.cli import main
 from ladder.config import load
 from ladder.daemon import build_daemon

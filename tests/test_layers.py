@@ -1,5 +1,6 @@
 """Layers import downward only: policies see neither HTTP nor torch, the engine never the
-daemon, and the pure logic modules no I/O library at all."""
+daemon, the ft serve model (engine.ftserve) neither I/O nor the reference engine, and the
+pure logic modules no I/O library at all."""
 
 from __future__ import annotations
 
@@ -30,14 +31,27 @@ def test_policies_import_no_io(path: Path) -> None:
     assert not forbidden_hits(path, ("aiohttp", "torch", "ladder", "engine")), path
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "engine").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "engine").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_engine_never_imports_the_daemon(path: Path) -> None:
     assert not forbidden_hits(path, ("ladder", "policies")), path
 
 
-PURE = ["engine/geometry.py", "engine/budget.py", "engine/planner.py", "engine/control.py",
-        "engine/routing.py", "engine/tokenizer.py", "ladder/rungs.py", "ladder/units.py",
-        "ladder/safeguards.py", "ladder/wire.py", "ladder/render.py"]
+IO = ("aiohttp", "torch", "numpy", "socket", "asyncio", "subprocess", "http", "urllib")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "engine" / "ftserve").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_ftserve_model_is_pure(path: Path) -> None:
+    """engine.ftserve says what ft serve is and prices transitions: no I/O, no torch, and
+    nothing of the reference engine built on it."""
+    hits = forbidden_hits(path, IO) | {n for n in imported(path)
+                                       if n.startswith("engine.reference")}
+    assert not hits, (path, hits)
+
+
+PURE = ["engine/reference/routing.py", "engine/reference/tokenizer.py", "ladder/rungs.py",
+        "ladder/units.py", "ladder/safeguards.py", "ladder/render.py"]
 
 
 @pytest.mark.parametrize("name", PURE)

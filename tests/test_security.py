@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.runtime import ReferenceEngine
-from engine.scenarios import report_config
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.scenarios import report_config
+from engine.reference.server import make_app
 from ladder.client import FtServeClient
 from ladder.config import DaemonConfig, ListenConfig, ServerConfig
 from ladder.daemon import build_daemon

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engine.runtime import ReferenceEngine
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.server import make_app
 from ladder.cli import main
 from ladder.demo import demo_engine_config
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engine.runtime import ReferenceEngine
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.server import make_app
 from ladder.cli import _engine_config, build_parser, main
 from ladder.demo import demo_engine_config
 from tests.conftest import FIXTURES
@@ -180,8 +180,8 @@ def test_a_small_budget_gets_a_floor_and_growth_that_fit(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # The report's card scaled to the tiny model holds ~3.3k KV tokens: the 4k floor gives one
     # rung, and headroom's 8k growth reserve never fits. The hint's flags give a real ladder.
-    from engine.runtime import ReferenceEngine as Engine
-    from engine.scenarios import report_config
+    from engine.reference.runtime import ReferenceEngine as Engine
+    from engine.reference.scenarios import report_config
 
     status = tmp_path / "report.json"
     status.write_text(json.dumps(Engine(report_config()).status_doc()))

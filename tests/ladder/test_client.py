@@ -20,7 +20,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from engine.geometry import CacheStatus
+from engine.ftserve.geometry import CacheStatus
+from engine.ftserve.wire import Health, RebuildOutcome, RequestLog, Stats, WireError
 from ladder.client import (
     BadResponse,
     ClientError,
@@ -30,9 +31,8 @@ from ladder.client import (
     HttpStatusError,
     Unauthorized,
 )
-from ladder.wire import Health, RebuildOutcome, RequestLog, Stats, WireError
 from tests.conftest import CAPTURES, captured_manifest
-from tests.ladder.test_wire import HEALTH_STATE, REBUILD_KIND
+from tests.engine.ftserve.test_wire import HEALTH_STATE, REBUILD_KIND
 
 API_KEY = "sk-test-0123456789abcdef"
 

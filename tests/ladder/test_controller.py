@@ -16,13 +16,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.runtime import ReferenceEngine
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.server import make_app
 from ladder.config import merge
 from ladder.controller import TransitionRecord, transition_cost_s
 from ladder.daemon import build_daemon
 from ladder.demo import demo_engine_config
-from tests.engine.test_server import words
+from tests.engine.reference.test_server import words
 
 
 async def _complete(session: aiohttp.ClientSession, url: str, prompt_words: int,

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.runtime import ReferenceEngine
-from engine.scenarios import report_config
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.scenarios import report_config
+from engine.reference.server import make_app
 
 
 async def start_daemon(url: str, *extra: str) -> tuple[asyncio.subprocess.Process, int]:

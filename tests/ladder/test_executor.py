@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from engine.geometry import CacheStatus, Geometry
-from engine.runtime import ReferenceEngine
-from engine.scenarios import report_config
-from engine.server import make_app
+from engine.ftserve.geometry import CacheStatus, Geometry
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.scenarios import report_config
+from engine.reference.server import make_app
 from ladder.client import FtServeClient
 from ladder.executor import ApplySettings, apply_target
 

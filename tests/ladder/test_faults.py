@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engine.geometry import Geometry
-from engine.runtime import ReferenceEngine
-from engine.scenarios import report_config
-from engine.server import make_app
+from engine.ftserve.geometry import Geometry
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.scenarios import report_config
+from engine.reference.server import make_app
 from ladder.client import FtServeClient
 from ladder.clock import VirtualClock
 from ladder.controller import ServerController

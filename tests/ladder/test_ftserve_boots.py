@@ -22,11 +22,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.budget import MemoryModel
-from engine.geometry import CacheStatus, Geometry, parse_cache_status
-from engine.planner import SIZE_FIELD, Plan, plan_transition
-from engine.runtime import ReferenceEngine
-from engine.server import make_app
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import CacheStatus, Geometry, parse_cache_status
+from engine.ftserve.planner import SIZE_FIELD, Plan, plan_transition
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.server import make_app
 from ladder.cli import main
 from ladder.config import merge
 from ladder.daemon import build_daemon

@@ -18,9 +18,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from engine.ftserve.wire import RequestEntry
 from ladder.gate import ChangeNotifier, Gate, GateSettings, _is_loopback
 from ladder.sizing import TokenBound, size_request
-from ladder.wire import RequestEntry
 
 REBUILD_503 = {"error": {"message": "server unavailable: cache rebuild in progress",
                          "type": "server_error"}}

@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from engine.runtime import EngineConfig, ReferenceEngine
-from engine.server import make_app
+from engine.reference.runtime import EngineConfig, ReferenceEngine
+from engine.reference.server import make_app
 from ladder.gate import Gate, GateSettings
-from tests.engine.test_server import assert_openai_stream, small_config, sse, words
+from tests.engine.reference.test_server import assert_openai_stream, small_config, sse, words
 from tests.ladder.test_gate import StepController
 
 GateClient = TestClient[web.Request, web.Application]

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.runtime import ReferenceEngine
-from engine.server import make_app
+from engine.reference.runtime import ReferenceEngine
+from engine.reference.server import make_app
 from ladder.clock import VirtualClock
 from ladder.config import merge
 from ladder.daemon import build_daemon

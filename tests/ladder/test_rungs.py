@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.budget import MemoryModel
-from engine.geometry import Geometry, parse_cache_status
-from engine.planner import plan_transition
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import Geometry, parse_cache_status
+from engine.ftserve.planner import plan_transition
 from ladder.rungs import LadderSpec, build_ladder, kv_levels, reachable_ranges
 from tests.conftest import load_fixture
 

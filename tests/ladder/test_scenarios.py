@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from ladder.demo import _free_port
-from tests.engine.test_server import words
+from tests.engine.reference.test_server import words
 from tests.ladder.test_daemon import wait_for
 
 

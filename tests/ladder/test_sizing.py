@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import tokenizer as reference
+from engine.ftserve.wire import RequestEntry
+from engine.reference import tokenizer as reference
 from ladder.sizing import (
     DEFAULT_MAX_TOKENS,
     ForwardRecord,
@@ -26,7 +27,6 @@ from ladder.sizing import (
     size_request,
     text_stats,
 )
-from ladder.wire import RequestEntry
 
 BOUND = TokenBound()
 NO_OVERHEAD = TokenBound(per_message_tokens=0, base_tokens=0, tools_tokens=0)

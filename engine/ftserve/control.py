@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.budget import MemoryModel
-from engine.geometry import Geometry
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import Geometry
 
 __all__ = [
     "RebuildRequest",

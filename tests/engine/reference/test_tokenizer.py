@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import tokenizer as tok_module
-from engine.tokenizer import DEFAULT_VOCAB_SIZE, SPECIAL_TOKENS, Tokenizer
+from engine.reference import tokenizer as tok_module
+from engine.reference.tokenizer import DEFAULT_VOCAB_SIZE, SPECIAL_TOKENS, Tokenizer
 
 TOK = Tokenizer()
 

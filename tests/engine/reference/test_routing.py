@@ -1,7 +1,7 @@
 """The synthetic router reproduces its calibration targets and is a pure function of its seeds.
 
 Hit-rate tolerances: the targets are single self-reported measurements of real models and the
-presets are fitted to them (see engine/routing.py's docstring for the calibration); a test
+presets are fitted to them (see engine/reference/routing.py's docstring for the calibration); a test
 simulation of 4 layers x 1 500 tokens from a cold cache varies by about +-0.01 between seeds,
 so A is held to 5 points and B to 6 points, as the sources' own spread allows.
 """
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.routing import (
+from engine.reference.routing import (
     PRESET_A,
     PRESET_B,
     PRESET_C,

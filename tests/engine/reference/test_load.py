@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "engine_load.py"
+_PATH = Path(__file__).resolve().parents[3] / "bench" / "engine_load.py"
 
 
 def _bench() -> Any:

@@ -1,7 +1,7 @@
 """The reference engine's HTTP server: ft serve's control API plus completions and /metrics.
 
 A thin aiohttp adapter over `ReferenceEngine`; every rule lives in the engine or in
-`engine.control`. Bound to 127.0.0.1 unless told otherwise.
+`engine.ftserve.control`. Bound to 127.0.0.1 unless told otherwise.
 
 The OpenAI routes follow ft serve 0.1.2 (server/openai_api.py), which follows OpenAI: a chat
 stream opens with a `{"role": "assistant", "content": ""}` delta and every stream ends with a
@@ -25,8 +25,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from engine.metrics import EngineMetrics
-from engine.runtime import AdmissionError, ReferenceEngine
+from engine.reference.metrics import EngineMetrics
+from engine.reference.runtime import AdmissionError, ReferenceEngine
 
 __all__ = ["ENGINE_KEY", "MAX_BODY_BYTES", "make_app", "serve"]
 

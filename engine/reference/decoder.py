@@ -5,10 +5,10 @@ the state pool, and a top-k mixture of E experts whose weights live in a host ba
 CUDA) and are copied into expert slots on a miss. Nothing is modelled by a formula: a miss costs
 a host-to-device copy that its layer waits for, a long context costs attention over more pages.
 
-The router's choices come from `engine.routing` (seeded per request, with real models' skew
-and locality), never from the cache state, and every request is computed alone, so the same
-prompt and seed give the same tokens whatever the pools did meanwhile: moving a page or an
-expert copies its bytes exactly, and the arithmetic that reads them is unchanged.
+The router's choices come from `engine.reference.routing` (seeded per request, with real models'
+skew and locality), never from the cache state, and every request is computed alone, so the same
+prompt and seed give the same tokens whatever the pools did meanwhile: moving a page or an expert
+copies its bytes exactly, and the arithmetic that reads them is unchanged.
 
 Prefill writes the prompt's KV from its embeddings without the expert mixture (large
 dispatches bypass the expert cache, as imp PR 1408 does, so a prefill cannot evict the decode
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.pools import ExpertSlotPool, PagedKVPool, StatePool
-from engine.routing import PRESETS, Router, RoutingStream
+from engine.reference.pools import ExpertSlotPool, PagedKVPool, StatePool
+from engine.reference.routing import PRESETS, Router, RoutingStream
 
 __all__ = ["DecodeRequest", "ModelSpec", "TinyMoE"]
 

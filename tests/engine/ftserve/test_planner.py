@@ -1,7 +1,7 @@
 """The planner, checked against a small independent simulator of the engines' execution order.
 
 The simulator below re-derives physical bytes and the order of frees and allocations from
-ftserve-control-plane.md §2.2 on its own; it shares no code with `engine.planner`.
+ftserve-control-plane.md §2.2 on its own; it shares no code with `engine.ftserve.planner`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from engine.budget import MemoryModel
-from engine.geometry import (
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import (
     EngineModel,
     Floors,
     Geometry,
@@ -21,7 +21,7 @@ from engine.geometry import (
     UnitCosts,
     parse_cache_status,
 )
-from engine.planner import plan_transition
+from engine.ftserve.planner import plan_transition
 from tests.conftest import load_fixture
 
 ORDER = ("moe_cache_size", "num_pages", "num_mamba_slots")

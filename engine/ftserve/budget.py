@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.geometry import CacheStatus, EngineModel, Floors, Geometry, ModelShape, UnitCosts
+from engine.ftserve.geometry import (
+    CacheStatus,
+    EngineModel,
+    Floors,
+    Geometry,
+    ModelShape,
+    UnitCosts,
+)
 
 __all__ = ["MemoryModel", "PoolBytes"]
 

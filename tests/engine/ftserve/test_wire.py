@@ -1,4 +1,4 @@
-"""`ladder.wire` against every document captured from a live ft serve 0.1.2, plus fuzzing.
+"""`engine.ftserve.wire` against every document captured from a live ft serve 0.1.2, plus fuzzing.
 
 The manifests say which endpoint produced each file and with which HTTP status, so every
 control-plane capture goes through the parser for its route; the expected outcome of each
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.geometry import StatusError, parse_cache_status
-from ladder.wire import (
+from engine.ftserve.geometry import StatusError, parse_cache_status
+from engine.ftserve.wire import (
     REBUILD_REQUEST_KEYS,
     Health,
     RebuildOutcome,

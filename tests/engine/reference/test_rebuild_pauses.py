@@ -13,10 +13,10 @@ import math
 
 import pytest
 
-from engine import runtime
-from engine.runtime import EngineConfig, ReferenceEngine
-from engine.server import make_app
-from tests.engine.test_server import MakeClient, small_config
+from engine.reference import runtime
+from engine.reference.runtime import EngineConfig, ReferenceEngine
+from engine.reference.server import make_app
+from tests.engine.reference.test_server import MakeClient, small_config
 
 PROMPT = list(range(5, 40))
 # 16 KiB chunks: growing 32 -> 64 expert slots and shrinking 64 -> 40 KV pages of the small

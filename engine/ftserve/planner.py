@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.budget import MemoryModel
-from engine.geometry import EngineKind, Geometry
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.geometry import EngineKind, Geometry
 
 __all__ = ["SIZE_FIELD", "Instant", "Plan", "Step", "call_instants", "plan_transition",
            "pool_size", "validate_target"]

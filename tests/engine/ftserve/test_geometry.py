@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.geometry import Geometry, StatusError, parse_cache_status
+from engine.ftserve.geometry import Geometry, StatusError, parse_cache_status
 from tests.conftest import FIXTURES, load_fixture
 
 CAPTURED = sorted((FIXTURES / "freetoken-0.1.2").glob("*cache_status*.json"))

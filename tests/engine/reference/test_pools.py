@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.memory import DeviceMemory
-from engine.pools import (
+from engine.reference.memory import DeviceMemory
+from engine.reference.pools import (
     ChunkEvent,
     ExpertSlotPool,
     PagedKVPool,
@@ -472,7 +472,7 @@ def test_random_resizes_keep_accounting_and_content(ops: list[tuple[str, int]]) 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_chunked_conversion_on_an_emulated_card() -> None:
-    from engine.memory import emulate_card
+    from engine.reference.memory import emulate_card
 
     mib = 1 << 20
     device = torch.device("cuda")

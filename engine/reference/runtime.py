@@ -36,16 +36,15 @@ from typing import Any, Literal
 
 import torch
 
-from engine.budget import MemoryModel
-from engine.control import (
+from engine.ftserve.budget import MemoryModel
+from engine.ftserve.control import (
     RebuildRequest,
     fit_check_error,
     geometry_error,
     parse_rebuild_body,
     reply_body,
 )
-from engine.decoder import DecodeRequest, ModelSpec, TinyMoE
-from engine.geometry import (
+from engine.ftserve.geometry import (
     REFERENCE_ENGINE_NAME,
     EngineModel,
     Floors,
@@ -53,9 +52,10 @@ from engine.geometry import (
     ModelShape,
     UnitCosts,
 )
-from engine.memory import DeviceMemory, emulate_card, enable_expandable_segments
-from engine.pools import ChunkEvent, ExpertSlotPool, PagedKVPool, StatePool
-from engine.tokenizer import Tokenizer
+from engine.reference.decoder import DecodeRequest, ModelSpec, TinyMoE
+from engine.reference.memory import DeviceMemory, emulate_card, enable_expandable_segments
+from engine.reference.pools import ChunkEvent, ExpertSlotPool, PagedKVPool, StatePool
+from engine.reference.tokenizer import Tokenizer
 
 __all__ = ["AdmissionError", "ChunkPause", "EngineConfig", "RebuildMode", "RebuildPause",
            "ReferenceEngine"]

@@ -33,7 +33,7 @@ from typing import Literal
 
 import torch
 
-from engine.memory import DeviceMemory
+from engine.reference.memory import DeviceMemory
 
 __all__ = [
     "ChunkEvent",

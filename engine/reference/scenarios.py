@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from engine.decoder import ModelSpec
-from engine.runtime import EngineConfig, RebuildMode
+from engine.reference.decoder import ModelSpec
+from engine.reference.runtime import EngineConfig, RebuildMode
 
 __all__ = ["REPORT", "ReportScale", "report_config"]
 

@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from engine.decoder import ModelSpec
-from engine.runtime import EngineConfig, RebuildMode, ReferenceEngine
-from engine.scenarios import report_config
-from engine.server import make_app
+from engine.reference.decoder import ModelSpec
+from engine.reference.runtime import EngineConfig, RebuildMode, ReferenceEngine
+from engine.reference.scenarios import report_config
+from engine.reference.server import make_app
 from tests.conftest import FIXTURES
 
 Client = TestClient[web.Request, web.Application]

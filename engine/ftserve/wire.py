@@ -10,7 +10,7 @@ against the captured bytes of a real server, without any I/O, so they live here 
 Contract: every `parse_*` function raises `WireError` naming the offending field and nothing else,
 whatever the input. `classify_rebuild` never raises: every reply of the rebuild route, including
 one it does not understand, is an outcome the controller must act on. `/v1/cache/status` is parsed
-by `engine.geometry.parse_cache_status`, which the planner shares.
+by `engine.ftserve.geometry.parse_cache_status`, which the planner shares.
 
 Missing means unknown, not zero: optional sections and counters the server leaves out are `None`.
 """
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast, get_args
 
-from engine.geometry import Geometry
+from engine.ftserve.geometry import Geometry
 
 __all__ = [
     "REBUILD_REQUEST_KEYS",

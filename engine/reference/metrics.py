@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.runtime import ChunkPause, RebuildPause, ReferenceEngine
+from engine.reference.runtime import ChunkPause, RebuildPause, ReferenceEngine
 
 __all__ = ["EngineMetrics"]
 
