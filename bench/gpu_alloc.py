@@ -1,9 +1,9 @@
 """Which CUDA allocation strategy the pools should use: torch + expandable segments, or VMM.
 
 A measurement, not production code: the VMM code lives only here. On an emulated 16 GiB card
-(`engine.reference.memory.emulate_card`, a driver filler outside torch, gpu-memory.md §4) a KV pool
-made of chunks fills the card to within `--headroom-mib` of full; then `--convert-gib` of KV chunks
-become expert chunks, chunk by chunk, in one of these modes (each in its own subprocess, so
+(`engine.reference.memory.emulate_card`, a driver filler outside torch) a KV pool made of chunks
+fills the card to within `--headroom-mib` of full; then `--convert-gib` of KV chunks become
+expert chunks, chunk by chunk, in one of these modes (each in its own subprocess, so
 `PYTORCH_CUDA_ALLOC_CONF` is read by a fresh allocator and no state leaks between modes):
 
 - `torch_free_first`: torch tensors under `expandable_segments:True`; per chunk `del` the KV
@@ -21,6 +21,8 @@ seen during the conversion (sampled after each half-step, outside the timed regi
 an OOM happened. The parent prints one JSON object; `--out FILE` writes it too.
 
     python3 bench/gpu_alloc.py --out bench/results/gpu_alloc.json
+
+The figures of the recorded H200 run and the choice they led to are in docs/gpu-allocation.md.
 """
 
 from __future__ import annotations

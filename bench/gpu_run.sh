@@ -5,17 +5,24 @@
 # Steps:
 #   pytest_gpu      the engine's CUDA tests (-m gpu)
 #   gpu_alloc       bench/gpu_alloc.py: torch + expandable segments vs raw VMM
-#   transition      bench/transition_bench.py: a 3 GiB KV -> experts conversion at 99 % fill
-#                   while decoding, incremental vs freetoken (16 GiB emulated card)
-#   transitions     bench/transitions.py --mode engine: sampled rung pairs of the four
+#   step_under_decode  bench/step_under_decode.py: a 3 GiB KV -> experts conversion at 99 %
+#                   fill while decoding, incremental vs freetoken (16 GiB emulated card);
+#                   writes transition.json
+#   rung_pairs      bench/rung_pairs.py --mode engine: sampled rung pairs of the four
 #                   geometries (GEOMETRIES="a b" picks), real OOMs and torch peaks
-#                   (16 GiB emulated card)
-#   ladder_agentic  bench/ladder.py on the agentic trace, every arm (JSON + PNG)
-#   ladder_mixed    the same on the mixed trace
-#   ladder_smoke    4 agentic requests, 3 arms: the CUDA path works, and how fast it decodes
+#                   (16 GiB emulated card); writes transitions.json
+#   policy_agentic  bench/policy_bench.py on the agentic trace, every arm (ladder-agentic.json
+#                   + PNG)
+#   policy_mixed    the same on the mixed trace
+#   policy_smoke    4 agentic requests, 3 arms: the CUDA path works, and how fast it decodes
+#   policy_seeds    bench/policy_bench.py --seeds "$SEEDS" over "$TRACES" (default: seed 0 of
+#                   agentic, mixed, handoff) with "$SEED_ARMS" and "$REQUESTS" requests a trace,
+#                   into ladder-seeds.json; RESUME=DIR goes on from DIR/ladder-seeds.json, so one
+#                   call per (trace, seed) builds the many-seed file
 # Each step is bounded by its SECONDS (defaults below) and a failing step does not stop the
 # next; its exit status and duration land in $OUT/env.txt. At most 8 files come back from a
-# device call: each step writes one JSON and one log (ladder steps a PNG too).
+# device call: each step writes one JSON and one log (policy steps a PNG too). The files keep
+# the names of the recorded runs in bench/results, which RESUME reads.
 set -u
 OUT=${1:?usage: gpu_run.sh OUT STEP[:SECONDS] ...}
 shift
@@ -39,6 +46,12 @@ export PYTHONPATH=.:/tmp/site
 # its arms are kept and only the missing ones run.
 ARMS=${ARMS:-static-full,grow-only,headroom,oracle,throughput,pinned-0,static-short}
 RESUME=${RESUME:-}
+# policy_seeds: issue 18's comparison, every arm of a (trace, seed) in one call; at full size
+# a trace's arms outlast a 10-minute call, so the default request count is cut to fit.
+SEEDS=${SEEDS:-0}
+TRACES=${TRACES:-agentic,mixed,handoff}
+REQUESTS=${REQUESTS:-12}
+SEED_ARMS=${SEED_ARMS:-static-full,grow-only,headroom,freetoken-static-full,freetoken-grow-only,freetoken-headroom,oracle}
 GEOMETRIES=${GEOMETRIES:-rtx5080-report-16gb qwen38-flash-next-rtx5090-32gb \
   qwen38-flash-next-rtx6000ada-48gb gemma-4-26b-a4b-like-rtx4080super-16gb}
 EXPANDABLE=expandable_segments:True
@@ -53,26 +66,35 @@ step() {  # step NAME SECONDS: run one named step, bounded
     gpu_alloc)
       timeout -k 10 "$limit" python3 bench/gpu_alloc.py --out "$OUT/gpu_alloc.json" \
         > "$OUT/gpu_alloc.log" 2>&1 ;;
-    transition)
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/transition_bench.py \
-        --device cuda --alloc-conf expandable --out "$OUT/transition.json" \
+    step_under_decode)
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" \
+        python3 bench/step_under_decode.py --device cuda --alloc-conf expandable \
+        --out "$OUT/transition.json" \
         > "$OUT/transition.log" 2>&1 ;;
-    transitions)
+    rung_pairs)
       # shellcheck disable=SC2046  # one --geometry flag per word
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/transitions.py \
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/rung_pairs.py \
         --mode engine --device cuda $(printf -- '--geometry %s ' $GEOMETRIES) \
         --out "$OUT/transitions.json" \
         > "$OUT/transitions.log" 2>&1 ;;
-    ladder_agentic|ladder_mixed)
-      local trace=${name#ladder_} resume=()
+    policy_agentic|policy_mixed)
+      local trace=${name#policy_} resume=()
       [ -n "$RESUME" ] && [ -f "$RESUME/ladder-$trace.json" ] && \
         resume=(--resume "$RESUME/ladder-$trace.json")
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/ladder.py \
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \
         --device cuda --trace "$trace" --output-scale 8 --arms "$ARMS" "${resume[@]}" \
         --out "$OUT/ladder-$trace.json" --plot "$OUT/ladder-$trace.png" \
         > "$OUT/ladder-$trace.log" 2>&1 ;;
-    ladder_smoke)
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/ladder.py \
+    policy_seeds)
+      local resume=()
+      [ -n "$RESUME" ] && [ -f "$RESUME/ladder-seeds.json" ] && \
+        resume=(--resume "$RESUME/ladder-seeds.json")
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \
+        --device cuda --trace "$TRACES" --seeds "$SEEDS" --requests "$REQUESTS" \
+        --output-scale 8 --arms "$SEED_ARMS" "${resume[@]}" \
+        --out "$OUT/ladder-seeds.json" > "$OUT/ladder-seeds.log" 2>&1 ;;
+    policy_smoke)
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \
         --device cuda --trace agentic --requests 4 --output-scale 8 \
         --arms static-full,headroom,oracle --out "$OUT/ladder-smoke.json" \
         > "$OUT/ladder-smoke.log" 2>&1 ;;
@@ -83,8 +105,9 @@ step() {  # step NAME SECONDS: run one named step, bounded
   echo "step $name rc=$rc seconds=$(( $(date +%s) - t0 ))" >> "$OUT/env.txt"
 }
 
-declare -A DEFAULT_S=([pytest_gpu]=90 [gpu_alloc]=200 [transition]=220 [transitions]=300
-                      [ladder_agentic]=560 [ladder_mixed]=560 [ladder_smoke]=120)
+declare -A DEFAULT_S=([pytest_gpu]=90 [gpu_alloc]=200 [step_under_decode]=220 [rung_pairs]=300
+                      [policy_agentic]=560 [policy_mixed]=560 [policy_smoke]=120
+                      [policy_seeds]=560)
 for spec in "$@"; do
   name=${spec%%:*}
   seconds=${spec#*:}

@@ -1,9 +1,9 @@
 """The oracle arm's plan: the best rung schedule for a trace, priced by the run itself.
 
 An oracle that picks the lowest rung holding each request and treats transitions as free is
-no bound: on the H200 it lost to a grow-only ladder, its 16 flips under live decode each
-evicting or emptying expert slots. This module prices every choice with what the other arms
-of the same run measured, and hands the pricing to the exact optimiser of
+no bound: on the H200 it lost to a grow-only ladder, its flips under live decode each evicting
+or emptying expert slots (README, "Results"). This module prices every choice with what the
+other arms of the same run measured, and hands the pricing to the exact optimiser of
 `bench/schedule.py`. A rung changes only how often a layer misses its expert (a request's
 attention, prefill and the rest cost the same on any rung that holds it), so:
 

@@ -1,11 +1,12 @@
 """The offline optimum rung schedule for a request trace: the bench's `oracle` arm.
 
 Why: the bench's previous oracle set, before each request, the lowest rung holding it, and timed
-nothing of the step ("free transitions"). On the H200 it lost to the grow-only ladder: each of
-its 16 transitions, taken under live decode, cost about 1 s. An oracle has to price transitions,
-so this module computes the optimum over rung schedules given each rung's measured decode speed
-(`spt`, seconds per token) and each step's measured cost (`transition_s`, seconds). No online
-policy can beat it except by noise or by a cost the model does not price.
+nothing of the step ("free transitions"). On the H200 it lost to the grow-only ladder, each of
+its transitions taken under live decode and costing about a second (README, "Results"). An
+oracle has to price transitions, so this module computes the optimum over rung schedules given
+each rung's measured decode speed (`spt`, seconds per token) and each step's measured cost
+(`transition_s`, seconds). No online policy can beat it except by noise or by a cost the model
+does not price.
 
 Model: request i (send order) decodes `decode_tokens[i]` tokens on rung `s[i]`, the rung the
 server is on from just before request i is sent until just before request i+1 is; it must hold

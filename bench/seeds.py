@@ -1,6 +1,6 @@
-"""Many seeds of bench/ladder, summed up per trace: a result that holds on one seed is not one.
+"""Many seeds of the policy bench, summed up per trace: a result that holds on one seed is not one.
 
-`bench/ladder.py --seeds 0,1,2` runs every arm of each (trace, seed) in one go (on the GPU,
+`bench/policy_bench.py --seeds 0,1,2` runs every arm of each (trace, seed) in one go (on the GPU,
 one device call per seed) and keeps each run under `runs["TRACE/seedN"]`; this module turns
 those runs into the `traces` block: per trace, each arm's decode tokens/s per seed, the
 default policy's ratios against `static-full`, `grow-only` and `oracle` per seed (under the

@@ -19,23 +19,19 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiohttp import web
-
-from engine.reference.runtime import ReferenceEngine
 from engine.reference.scenarios import report_config
-from engine.reference.server import make_app
 from ladder.client import FtServeClient
 from ladder.clock import VirtualClock
 from ladder.controller import ControlSettings, ServerController
 from ladder.executor import ApplySettings
-from ladder.faults import FaultProxy, FaultSettings
 from ladder.rungs import LadderSpec
 from ladder.safeguards import Safeguards, SafeguardSettings
 from policies.api import Decision, LadderView, Observation
+from tests.kit.faults import FaultProxy, FaultSettings
+from tests.kit.serving import EngineFleet
 
 # Cheap faults dominate, so 10,000 of them fit in minutes; wall-time faults (hung) are rare.
 WEIGHTS = {"busy": 3, "conflict": 2, "timeout": 1, "rejected": 2, "latched": 0.3,
@@ -83,45 +79,16 @@ class SoakResult:
     faults_by_kind: dict[str, int]
 
 
-async def _serve(engine: ReferenceEngine) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(make_app(engine), shutdown_timeout=0.1, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
-
-
 async def run_soak(faults: int, *, seed: int = 1, rate: float = 0.2, rebuild_rate: float = 0.5,
                    recover_limit_s: float = 900.0) -> SoakResult:
     started = time.perf_counter()
     clock = VirtualClock()
-    base = report_config("freetoken")
-    engines: list[ReferenceEngine] = []
-    runners: list[web.AppRunner] = []
-
-    async def start_engine(config: Any) -> str:
-        engine = ReferenceEngine(config)
-        engines.append(engine)
-        runner, url = await _serve(engine)
-        runners.append(runner)
-        return url
-
-    async def restart() -> str:
-        # A new process with another (fitting) geometry; the old one goes away.
-        g = engines[-1].geometry()
-        pages = base.num_pages if len(engines) % 2 == 0 else max(1, g.num_pages // 2)
-        url = await start_engine(dataclasses.replace(base, num_pages=pages,
-                                                     moe_cache_size=base.moe_cache_size))
-        old = runners.pop(0)
-        await old.cleanup()
-        return url
-
-    url = await start_engine(base)
-    proxy = FaultProxy(url, clock=clock, restart=restart, settings=FaultSettings(
-        seed=seed, rate=rate, rebuild_rate=rebuild_rate, weights=WEIGHTS,
-        max_random_faults=faults, slow_s=2.0,
-        hang_wall_s=0.3, refused_s=3.0, rebuilding_hold_s=2.0, latch_requests=16))
+    fleet = EngineFleet(report_config("freetoken"))
+    proxy = FaultProxy(await fleet.start(), clock=clock, restart=fleet.restart,
+                       settings=FaultSettings(
+                           seed=seed, rate=rate, rebuild_rate=rebuild_rate, weights=WEIGHTS,
+                           max_random_faults=faults, slow_s=2.0, hang_wall_s=0.3,
+                           refused_s=3.0, rebuilding_hold_s=2.0, latch_requests=16))
     client = FtServeClient(await proxy.start(), timeout_s=0.25)
     await client.__aenter__()
     policy = Alternating(period_s=30.0)
@@ -158,8 +125,8 @@ async def run_soak(faults: int, *, seed: int = 1, rate: float = 0.2, rebuild_rat
             await asyncio.sleep(0.01)
             supervise()
             ladder = controller.ladder
-            live = engines[-1]
-            if ladder is None or live.state != "serving" or proxy._latched_left:
+            live = fleet.engines[-1]
+            if ladder is None or live.state != "serving" or proxy.latched:
                 continue
             want = ladder.rungs[policy.wanted(controller.ladder_view())].geometry
             if (live.geometry().to_json() == want.to_json() and controller.rung is not None
@@ -171,10 +138,9 @@ async def run_soak(faults: int, *, seed: int = 1, rate: float = 0.2, rebuild_rat
         await asyncio.wait({task}, timeout=5)
         await client.aclose()
         await proxy.close()
-        for runner in runners:
-            await runner.cleanup()
+        await fleet.aclose()
     report = proxy.report()
-    wedges = proxy.wedges + sum(e.state == "failed" for e in engines)
+    wedges = proxy.wedges + fleet.latched()
     return SoakResult(
         faults_injected=report["faults_injected"], risky_calls=report["risky_calls"],
         unconfirmed_grows=report["unconfirmed_grows"], wedges=wedges,

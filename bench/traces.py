@@ -5,10 +5,10 @@ slot, while agentic coding sessions grow a context turn by turn to 150-200k toke
 between turns, which is when a resize is cheap. No real trace is reachable from project
 machines, so these generators rebuild the published distributions instead:
 
-* `agentic_session`: the aiperf agentic-code synthesizer's parameters (§7, aiperf row), checked
+* `agentic_session`: the aiperf agentic-code synthesizer's published parameters, checked
   against TraceLab (mean 153.7k input tokens per step) and SemiAnalysis (median 150-200k).
-* `short_chat`: ShareGPT V3 (computed in §7): context at a human turn median 821 / p90 1,879 /
-  p99 2,454, first reply median 279 / p90 630 / p99 946.
+* `short_chat`: ShareGPT V3 (computed from the dataset): context at a human turn median 821 /
+  p90 1,879 / p99 2,454, first reply median 279 / p90 630 / p99 946.
 * `mixed`: a few concurrent agentic sessions with chat traffic in between.
 * `handoff`: one user's day: an agentic session runs a few turns and ends, short chat follows,
   then the next session; the case a grow-only ladder cannot serve (it keeps the long
@@ -79,8 +79,8 @@ class AgenticParams:
     """
 
     system_tools_tokens: int = 32_000  # shared system prompt + tool definitions
-    # aiperf: "100 repo groups, Zipf 0.6"; their sizes are not published. §7's test mix says a
-    # session starts at ~35-50k = 32k + ~10k repo + ~5k session prefix: per-group sizes are
+    # aiperf: "100 repo groups, Zipf 0.6"; their sizes are not published. Published test mixes
+    # start a session at ~35-50k = 32k + ~10k repo + ~5k session prefix: per-group sizes are
     # lognormal around 10k (sigma 0.5), fixed per group so sessions of one repo agree.
     repo_groups: int = 100
     repo_zipf_s: float = 0.6

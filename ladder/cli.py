@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from engine.ftserve.budget import MemoryModel
-from engine.ftserve.geometry import CacheStatus, Geometry, StatusError, parse_cache_status
+from engine.ftserve.fields import DocumentError
+from engine.ftserve.geometry import CacheStatus, Geometry, parse_cache_status
 from engine.ftserve.planner import plan_transition
-from ladder.config import option_value, server_url
+from ladder.knobs import KnobError, knob_fields
+from ladder.parsers import option_value, seconds, server_url
 from ladder.render import render_ladder, render_plan, render_pools
 from ladder.rungs import LadderSpec, build_ladder, reachable_ranges, small_budget_hint
 from ladder.units import format_bytes, parse_bytes, parse_count, parse_target
@@ -79,6 +81,14 @@ def _signed_bytes(text: str) -> int:
     return -_bytes(text[1:]) if text.startswith("-") else _bytes(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value: float = seconds()(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def _milliseconds(text: str) -> float:
     try:
         value = float(text)
@@ -112,9 +122,11 @@ def _add_layout(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         return value if defaults else None
 
     budget = p.add_argument_group("budget and ladder")
-    budget.add_argument("--reserve", type=_bytes, default=default(0), metavar="BYTES",
+    budget.add_argument("--reserve", type=_bytes, default=default(_DEFAULT_SPEC.reserve_bytes),
+                        metavar="BYTES",
                         help="keep this much of the budget free at every instant (e.g. 256MiB)")
-    budget.add_argument("--fixed-bytes", type=_bytes, default=default(0), metavar="BYTES",
+    budget.add_argument("--fixed-bytes", type=_bytes,
+                        default=default(_DEFAULT_SPEC.fixed_bytes), metavar="BYTES",
                         help="fixed costs the engine's fit-check adds that unit_bytes omits")
     budget.add_argument("--kv-floor", type=_count,
                         default=default(_DEFAULT_SPEC.kv_floor_tokens),
@@ -122,7 +134,8 @@ def _add_layout(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     budget.add_argument("--kv-max", type=_count, default=None, metavar="TOKENS",
                         help="KV of the top rung: the model's context (default: what fits)")
     budget.add_argument("--spacing", choices=("geometric", "linear"),
-                        default=default("geometric"), help="rung spacing (default geometric)")
+                        default=default(_DEFAULT_SPEC.spacing),
+                        help="rung spacing (default geometric)")
     budget.add_argument("--kv-ratio", type=float, default=default(_DEFAULT_SPEC.kv_step_ratio),
                         help="geometric step between rungs (default 1.414)")
     budget.add_argument("--kv-step", type=_count, default=default(_DEFAULT_SPEC.kv_step_tokens),
@@ -161,16 +174,19 @@ def _load_status(args: argparse.Namespace) -> CacheStatus:
         doc = _read_status_file(args.status)
         try:
             return parse_cache_status(doc)
-        except StatusError as exc:
+        except DocumentError as exc:
             raise BadInput(f"--status {args.status}: {exc}") from None
     return asyncio.run(_fetch_status(args.server or DEFAULT_SERVER, _api_key(args),
                                      args.timeout_s))
 
 
-# The flag a user typed for each LadderSpec field, so an error names what to change.
-_LAYOUT_FLAGS = {"kv_floor_tokens": "--kv-floor", "kv_max_tokens": "--kv-max",
-                 "kv_step_ratio": "--kv-ratio", "kv_step_tokens": "--kv-step",
-                 "reserve_bytes": "--reserve", "fixed_bytes": "--fixed-bytes"}
+# The flag a user typed for each LadderSpec field (declared on the field), so an error names
+# what to change.
+_LAYOUT_FLAGS = {f.name: spec.flag for f, spec in knob_fields(LadderSpec) if spec.flag}
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def _as_flags(message: str) -> str:
@@ -180,11 +196,12 @@ def _as_flags(message: str) -> str:
 
 def _spec(args: argparse.Namespace) -> LadderSpec:
     try:
-        return LadderSpec(kv_floor_tokens=args.kv_floor, kv_max_tokens=args.kv_max,
-                          spacing=args.spacing, kv_step_ratio=args.kv_ratio,
-                          kv_step_tokens=args.kv_step, reserve_bytes=args.reserve)
-    except ValueError as exc:
-        raise BadInput(_as_flags(str(exc))) from None
+        return LadderSpec(**{name: getattr(args, _dest(flag))
+                             for name, flag in _LAYOUT_FLAGS.items()})
+    except KnobError as exc:
+        # "--kv-floor must be at least 1, got 0"; a rule that names its keys says it alone.
+        said = exc.message if exc.name in exc.message else f"{exc.name} {exc.message}"
+        raise BadInput(_as_flags(said)) from None
 
 
 def _model(args: argparse.Namespace, status: CacheStatus) -> MemoryModel:
@@ -286,8 +303,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
     status = _load_status(args)
     _model(args, status)
     _target(args.to, status)
-    settings = ApplySettings(rebuild_wait_s=args.wait_s, idle_wait_s=args.idle_wait_s,
-                             fixed_bytes=args.fixed_bytes, reserve_bytes=args.reserve)
+    # A wait not given is the knob's default, the daemon's `control.*_wait_s`.
+    waits = {"rebuild_wait_s": args.wait_s, "idle_wait_s": args.idle_wait_s}
+    settings = ApplySettings(fixed_bytes=args.fixed_bytes, reserve_bytes=args.reserve,
+                             **{k: v for k, v in waits.items() if v is not None})
 
     def show(event: str, payload: dict[str, Any]) -> None:
         if not args.json:
@@ -316,9 +335,7 @@ def _load_config(args: argparse.Namespace) -> Any:
 
     path = args.config or os.environ.get("LADDER_CONFIG")
     try:
-        layout = {key: getattr(args, flag.lstrip("-").replace("-", "_"), None)
-                  for key, flag in _LAYOUT_FLAGS.items()}
-        layout["spacing"] = getattr(args, "spacing", None)
+        layout = {key: getattr(args, _dest(flag), None) for key, flag in _LAYOUT_FLAGS.items()}
         cli = cli_overrides(server=getattr(args, "server", None),
                             api_key=getattr(args, "api_key", None),
                             policy=getattr(args, "policy", None),
@@ -334,18 +351,16 @@ def _load_config(args: argparse.Namespace) -> Any:
         raise BadInput(_config_error_as_flag(exc)) from None
 
 
-# What `ladder run` calls each key it sets from a flag, for errors about that value.
-_RUN_FLAGS = {"url": "--server", "api_key": "--api-key", "policy": "--policy",
-              "poll_s": "--poll-s", "gate_listen": "--gate", "listen": "--listen",
-              "spacing": "--spacing", **_LAYOUT_FLAGS}
-
-
 def _config_error_as_flag(exc: Any) -> str:
     """A config error about a value typed as a flag names the flag, not the key path."""
+    from ladder.config import flagged_keys
+
     text = str(exc)
     if "(from the command line)" not in text or not exc.key:
         return text
-    flag = _RUN_FLAGS.get(exc.key.rsplit(".", 1)[-1])
+    # Keys name the flag that sets them; `--listen` is also parsed whole, as `listen`.
+    flags = {"listen": "--listen", **{path[-1]: flag for path, flag in flagged_keys()}}
+    flag = flags.get(exc.key.rsplit(".", 1)[-1])
     if flag is None:
         return text
     return f"{flag}: {exc.message.replace(' (from the command line)', '')}"
@@ -603,9 +618,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, metavar="moe=N,kv=TOKENS[,mamba=N]",
                    help="target sizes, as for `ladder plan`")
     p.add_argument("--dry-run", action="store_true", help="print the plan, send nothing")
-    p.add_argument("--wait-s", type=float, default=300.0,
+    p.add_argument("--wait-s", type=_seconds, default=None,
                    help="how long the server may take per rebuild (default 300)")
-    p.add_argument("--idle-wait-s", type=float, default=600.0,
+    p.add_argument("--idle-wait-s", type=_seconds, default=None,
                    help="how long to wait for a safe moment (default 600)")
     _add_source(p)
     p.set_defaults(func=cmd_apply)

@@ -7,8 +7,7 @@ one `aiohttp.ClientSession` for its whole life, created inside the running
 loop by `async with`, or injected and then left open for its owner to close.
 
 The API key goes out as `Authorization: Bearer <key>` on every route but `/health` (ft serve
-0.2.1 exempts it, ftserve-control-plane.md §6). It is never logged and never appears in
-`repr()`.
+0.2.1 exempts it). It is never logged and never appears in `repr()`.
 """
 
 from __future__ import annotations
@@ -24,13 +23,13 @@ from typing import Any, Final, TypeVar
 import aiohttp
 from yarl import URL
 
-from engine.ftserve.geometry import CacheStatus, StatusError, parse_cache_status
+from engine.ftserve.fields import DocumentError
+from engine.ftserve.geometry import CacheStatus, parse_cache_status
 from engine.ftserve.wire import (
     Health,
     RebuildOutcome,
     RequestLog,
     Stats,
-    WireError,
     build_rebuild_body,
     classify_rebuild,
     parse_health,
@@ -224,7 +223,7 @@ class FtServeClient:
         """`POST /v1/cache/rebuild` and classify the reply; HTTP-level refusals are outcomes.
 
         `timeout` (= `wait_s`) and `mode` (`"if_idle"`) are added only when `body` lacks them;
-        the HTTP wait is the server's wait plus `timeout_s`. Raises `WireError` (a ValueError)
+        the HTTP wait is the server's wait plus `timeout_s`. Raises `DocumentError` (a ValueError)
         before any I/O for a key the server would ignore, `EngineTimeout` when no reply came
         (outcome unknown), `BadResponse` for a body that is not JSON.
         """
@@ -322,5 +321,5 @@ class FtServeClient:
     def _parse(path: str, parser: Callable[[Any], T], doc: Any) -> T:
         try:
             return parser(doc)
-        except (WireError, StatusError) as exc:
+        except DocumentError as exc:
             raise BadResponse(path, None, str(exc)) from exc

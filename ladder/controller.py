@@ -27,8 +27,10 @@ from ladder.client import ClientError, FtServeClient, Unauthorized
 from ladder.clock import Clock, SystemClock
 from ladder.executor import ApplyResult, ApplySettings, apply_target
 from ladder.gate import ChangeNotifier
-from ladder.logs import LogThrottle
+from ladder.knobs import check_knobs, knob
+from ladder.logs import LogSettings, LogThrottle
 from ladder.metrics import DaemonMetrics
+from ladder.parsers import seconds
 from ladder.rungs import Ladder, LadderSpec, build_ladder, small_budget_hint
 from ladder.safeguards import Safeguards
 from policies.api import Decision, LadderView, Observation, Policy
@@ -50,12 +52,18 @@ _PRICED_TRANSITIONS = 8
 
 @dataclass(frozen=True, slots=True)
 class ControlSettings:
-    poll_s: float = 2.0
-    # What a transition costs until this server has reached one (then the measured median).
-    transition_estimate_s: float = 1.0
+    """The loop's knobs; the `[control]` table holds them beside `ApplySettings`'."""
+
+    poll_s: float = knob(2.0, seconds(positive=True), "Control-loop tick: how often each server "
+                         "is observed, seconds, > 0.", flag="--poll-s")
+    transition_estimate_s: float = knob(
+        1.0, seconds(), f"What policies assume a transition costs, seconds, until the server "
+        f"has reached one; then the median wall time of its latest {_PRICED_TRANSITIONS} "
+        f"reached transitions.")
     history_requests: int = 64
-    # An unchanged decision or a repeated warning is logged at most this often.
-    log_repeat_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +104,9 @@ class ServerController:
 
     def __init__(self, name: str, client: FtServeClient, policy: Policy, safeguards: Safeguards,
                  *, spec: LadderSpec, settings: ControlSettings | None = None,
-                 apply_settings: ApplySettings | None = None, clock: Clock | None = None,
-                 metrics: DaemonMetrics | None = None, policy_name: str = "") -> None:
+                 apply_settings: ApplySettings | None = None, log: LogSettings | None = None,
+                 clock: Clock | None = None, metrics: DaemonMetrics | None = None,
+                 policy_name: str = "") -> None:
         self.name = name
         self.client = client
         self.policy = policy
@@ -105,7 +114,10 @@ class ServerController:
         self.safeguards = safeguards
         self.spec = spec
         self.settings = settings or ControlSettings()
-        self.apply_settings = apply_settings or ApplySettings(reserve_bytes=spec.reserve_bytes)
+        # Plans are priced against this server's budget, whatever settings came in.
+        self.apply_settings = replace(apply_settings or ApplySettings(),
+                                      fixed_bytes=spec.fixed_bytes,
+                                      reserve_bytes=spec.reserve_bytes)
         self.clock = clock or SystemClock()
         self.metrics = metrics or DaemonMetrics()
         self.status: CacheStatus | None = None
@@ -126,7 +138,7 @@ class ServerController:
         self._cursor: int | None = None
         self._measured = _Measured()
         self._last_tokens: tuple[float, float, int | None] | None = None
-        self._log = LogThrottle(repeat_s=self.settings.log_repeat_s)
+        self._log = LogThrottle(repeat_s=(log or LogSettings()).repeat_s)
         self._transitioning = False
         self._wake = asyncio.Event()
         self._changed = ChangeNotifier()
@@ -180,7 +192,7 @@ class ServerController:
                                                   self.settings.transition_estimate_s))
 
     def _rebuild_ladder(self, status: CacheStatus, model_ctx_tokens: int | None) -> None:
-        self.model = MemoryModel.from_status(status, fixed_bytes=self.apply_settings.fixed_bytes,
+        self.model = MemoryModel.from_status(status, fixed_bytes=self.spec.fixed_bytes,
                                              reserve_bytes=self.spec.reserve_bytes)
         spec = self.spec
         if model_ctx_tokens is not None and (spec.kv_max_tokens is None

@@ -28,11 +28,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ladder.client import FtServeClient
 from ladder.clock import Clock, SystemClock
-from ladder.config import ConfigError, DaemonConfig, ServerConfig, parse_hostport, to_json
-from ladder.controller import ControlSettings, ServerController
+from ladder.config import ConfigError, DaemonConfig, ServerConfig, to_json
+from ladder.controller import ServerController
 from ladder.gate import Gate, GateSettings
 from ladder.metrics import DaemonMetrics
-from ladder.safeguards import Safeguards, SafeguardSettings
+from ladder.parsers import parse_hostport
+from ladder.safeguards import Safeguards
 from policies.api import Policy
 from policies.registry import PolicyLoadError, load_policy
 
@@ -200,28 +201,18 @@ def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
     """Controllers, policies, safeguards and gates for every configured server."""
     clock = clock or SystemClock()
     metrics = metrics or DaemonMetrics()
-    s = config.safeguards
     controllers: list[ServerController] = []
     gates: dict[str, Gate] = {}
     policies = load_policies(config)
     for server in config.servers:
         client = FtServeClient(server.url, api_key=_api_key(server), timeout_s=server.timeout_s,
                                session=session)
-        policy = policies[server.name]
-        safeguards = Safeguards(SafeguardSettings(
-            cooldown_s=s.cooldown_s, min_dwell_s=s.min_dwell_s, down_tolerance=s.down_tolerance,
-            max_transitions_per_hour=s.max_transitions_per_hour,
-            backoff_base_s=s.backoff_base_s, backoff_max_s=s.backoff_max_s,
-            breaker_failures=s.breaker_failures, breaker_open_s=s.breaker_open_s,
-            fallback_after_failed_reads=s.fallback_after_failed_reads))
+        # The config's settings objects are the runtime's: handed over, never copied.
         controller = ServerController(
-            server.name, client, policy, safeguards, spec=server.ladder.to_spec(),
-            settings=ControlSettings(
-                poll_s=config.control.poll_s,
-                transition_estimate_s=config.control.transition_estimate_s,
-                log_repeat_s=config.log.repeat_s),
-            apply_settings=config.control.apply_settings(server.ladder), clock=clock,
-            metrics=metrics, policy_name=server.policy)
+            server.name, client, policies[server.name], Safeguards(config.safeguards),
+            spec=server.ladder, settings=config.control.loop,
+            apply_settings=config.control.apply, log=config.log, clock=clock, metrics=metrics,
+            policy_name=server.policy)
         controllers.append(controller)
         if server.gate_listen is not None:
             gate = Gate(server.url, controller,

@@ -11,7 +11,7 @@ dwell). The summary says what happened in words, and the decode speed of each ph
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import random
 import tempfile
 import time
@@ -23,8 +23,10 @@ from typing import Any
 import aiohttp
 
 from ladder.sse import generated_text
+from ladder.tokenizer_file import write_reference_tokenizer
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "demo_engine_config", "free_port", "plot", "random_words",
+           "render_summary", "run_demo"]
 
 
 @dataclass
@@ -111,8 +113,9 @@ def _daemon_config(engine_url: str, gate_port: int, tokenizer_path: str, dwell_s
         "listen": {"port": 0}})
 
 
-def _words(n: int, rng: random.Random) -> str:
-    return " ".join(f"w{rng.randrange(4000)}" for _ in range(n))
+def random_words(count: int, rng: random.Random) -> str:
+    """`count` words of the reference tokenizer's vocabulary, one token each."""
+    return " ".join(f"w{rng.randrange(4000)}" for _ in range(count))
 
 
 async def _request(session: aiohttp.ClientSession, gate: str, prompt: str, max_tokens: int,
@@ -139,105 +142,102 @@ async def _request(session: aiohttp.ClientSession, gate: str, prompt: str, max_t
 async def run_demo(*, seed: int = 0, short_requests: int = 6, long_prompt_tokens: int = 4000,
                    dwell_s: float = 4.0, say: Callable[[str], None] = print) -> DemoResult:
     from engine.reference.runtime import ReferenceEngine
-    from engine.reference.server import serve
+    from engine.reference.server import serving
     from ladder.daemon import build_daemon
 
     rng = random.Random(seed)
     started = time.perf_counter()
     engine = ReferenceEngine(demo_engine_config())
-    stop_engine = asyncio.Event()
-    engine_port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    engine_task = asyncio.create_task(serve(engine, port=0, stop=stop_engine,
-                                            on_ready=engine_port.set_result))
-    url = f"http://127.0.0.1:{await engine_port}"
-    g = engine.geometry()
-    say(f"reference engine up at {url}: a {engine.memory_model.cache_budget_bytes / 2**20:.0f} "
-        f"MiB cache budget holding {g.moe_cache_size} expert slots and "
-        f"{g.num_pages * 16} KV tokens")
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = Path(tmp) / "tokenizer.json"
-        tokenizer.write_text(json.dumps({"kind": "moe-ladder-reference", "vocab_size": 4096}))
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-            gate_port = _free_port()
-            daemon = build_daemon(_daemon_config(url, gate_port, str(tokenizer), dwell_s),
-                                  session)
-            controller = daemon.controllers[0]
-            daemon_task = asyncio.create_task(daemon.run())
-            gate = f"http://127.0.0.1:{gate_port}"
-            result = DemoResult(phases=[], transitions=[])
-            seen = 0
+    async with contextlib.AsyncExitStack() as stack:
+        url = await stack.enter_async_context(serving(engine))
+        g = engine.geometry()
+        say(f"reference engine up at {url}: a "
+            f"{engine.memory_model.cache_budget_bytes / 2**20:.0f} MiB cache budget holding "
+            f"{g.moe_cache_size} expert slots and {g.num_pages * 16} KV tokens")
+        tokenizer = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tokenizer.json"
+        write_reference_tokenizer(tokenizer, engine.tokenizer.vocab_size)
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)))
+        gate_port = free_port()
+        daemon = build_daemon(_daemon_config(url, gate_port, str(tokenizer), dwell_s),
+                              session)
+        controller = daemon.controllers[0]
+        daemon_task = asyncio.create_task(daemon.run())
+        gate = f"http://127.0.0.1:{gate_port}"
+        result = DemoResult(phases=[], transitions=[])
+        seen = 0
 
-            def note_transitions() -> None:
-                nonlocal seen
-                for record in list(controller.transitions)[seen:]:
-                    rungs = controller.ladder.rungs if controller.ladder else ()
-                    to = rungs[record.to_rung] if record.to_rung < len(rungs) else None
-                    entry = {"t_s": round(record.started_s - started, 2),
-                             "from_rung": record.from_rung, "to_rung": record.to_rung,
-                             "kv_tokens": None if to is None else to.kv_tokens,
-                             "expert_slots": None if to is None else to.geometry.moe_cache_size,
-                             "reason": record.reason, "reached": record.reached,
-                             "seconds": round(record.seconds, 3)}
-                    result.transitions.append(entry)
-                    say(f"  [{entry['t_s']:6.1f} s] rung {record.from_rung} -> {record.to_rung}"
-                        f" ({entry['kv_tokens']} KV tokens, {entry['expert_slots']} expert "
-                        f"slots) in {record.seconds * 1000:.0f} ms: {record.reason}")
-                seen = len(controller.transitions)
+        def note_transitions() -> None:
+            nonlocal seen
+            for record in list(controller.transitions)[seen:]:
+                rungs = controller.ladder.rungs if controller.ladder else ()
+                to = rungs[record.to_rung] if record.to_rung < len(rungs) else None
+                entry = {"t_s": round(record.started_s - started, 2),
+                         "from_rung": record.from_rung, "to_rung": record.to_rung,
+                         "kv_tokens": None if to is None else to.kv_tokens,
+                         "expert_slots": None if to is None else to.geometry.moe_cache_size,
+                         "reason": record.reason, "reached": record.reached,
+                         "seconds": round(record.seconds, 3)}
+                result.transitions.append(entry)
+                say(f"  [{entry['t_s']:6.1f} s] rung {record.from_rung} -> {record.to_rung}"
+                    f" ({entry['kv_tokens']} KV tokens, {entry['expert_slots']} expert "
+                    f"slots) in {record.seconds * 1000:.0f} ms: {record.reason}")
+            seen = len(controller.transitions)
 
-            async def sample() -> None:
-                while True:
-                    note_transitions()
-                    if controller.status is not None:
-                        geo = controller.status.geometry
-                        result.timeline.append((time.perf_counter() - started,
-                                                controller.rung if controller.rung is not None
-                                                else -1, geo.num_pages * 16,
-                                                controller.live_kv_tokens))
-                    await asyncio.sleep(0.1)
+        async def sample() -> None:
+            while True:
+                note_transitions()
+                if controller.status is not None:
+                    geo = controller.status.geometry
+                    result.timeline.append((time.perf_counter() - started,
+                                            controller.rung if controller.rung is not None
+                                            else -1, geo.num_pages * 16,
+                                            controller.live_kv_tokens))
+                await asyncio.sleep(0.1)
 
-            sampler = asyncio.create_task(sample())
-            while controller.rung != 0:  # the daemon first settles on its lowest rung
-                await controller.wait_changed(1.0)
-            note_transitions()
+        sampler = asyncio.create_task(sample())
+        while controller.rung != 0:  # the daemon first settles on its lowest rung
+            await controller.wait_changed(1.0)
+        note_transitions()
 
-            async def phase(name: str, jobs: list[tuple[str, int]]) -> None:
-                stats = PhaseStats(name, started_s=time.perf_counter())
-                hits0, misses0 = engine.experts.hits, engine.experts.misses
-                say(f"phase '{name}': {len(jobs)} request(s)")
-                queue = list(enumerate(jobs))
+        async def phase(name: str, jobs: list[tuple[str, int]]) -> None:
+            stats = PhaseStats(name, started_s=time.perf_counter())
+            hits0, misses0 = engine.experts.hits, engine.experts.misses
+            say(f"phase '{name}': {len(jobs)} request(s)")
+            queue = list(enumerate(jobs))
 
-                async def worker() -> None:
-                    while queue:
-                        n, (prompt, max_tokens) = queue.pop(0)
-                        await _request(session, gate, prompt, max_tokens, stats, seed * 100 + n)
+            async def worker() -> None:
+                while queue:
+                    n, (prompt, max_tokens) = queue.pop(0)
+                    await _request(session, gate, prompt, max_tokens, stats, seed * 100 + n)
 
-                await asyncio.gather(worker(), worker())
-                stats.ended_s = time.perf_counter()
-                stats.hits = engine.experts.hits - hits0
-                stats.misses = engine.experts.misses - misses0
-                result.phases.append(stats)
-                say(f"  done: {stats.completion_tokens} tokens at {stats.decode_tps:.1f} tok/s, "
-                    f"expert hit rate {stats.hit_rate:.0%}, {stats.refused} refused, "
-                    f"{stats.truncated} truncated")
+            await asyncio.gather(worker(), worker())
+            stats.ended_s = time.perf_counter()
+            stats.hits = engine.experts.hits - hits0
+            stats.misses = engine.experts.misses - misses0
+            result.phases.append(stats)
+            say(f"  done: {stats.completion_tokens} tokens at {stats.decode_tps:.1f} tok/s, "
+                f"expert hit rate {stats.hit_rate:.0%}, {stats.refused} refused, "
+                f"{stats.truncated} truncated")
 
-            def chat() -> list[tuple[str, int]]:
-                return [(_words(rng.randint(40, 300), rng), 48) for _ in range(short_requests)]
+        def chat() -> list[tuple[str, int]]:
+            return [(random_words(rng.randint(40, 300), rng), 48)
+                    for _ in range(short_requests)]
 
-            await phase("short chat", chat())
-            await phase("long context", [(_words(long_prompt_tokens, rng), 96)])
-            await asyncio.sleep(dwell_s + 1.0)  # the daemon steps down after the dwell
-            await phase("short chat again", chat())
-            note_transitions()
-            sampler.cancel()
-            daemon.stop.set()
-            await daemon_task
-    stop_engine.set()
-    await engine_task
+        await phase("short chat", chat())
+        await phase("long context", [(random_words(long_prompt_tokens, rng), 96)])
+        await asyncio.sleep(dwell_s + 1.0)  # the daemon steps down after the dwell
+        await phase("short chat again", chat())
+        note_transitions()
+        sampler.cancel()
+        daemon.stop.set()
+        await daemon_task
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port free now, for a listener that must be named before it binds."""
     import socket
 
     with socket.socket() as sock:

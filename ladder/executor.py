@@ -26,6 +26,8 @@ from engine.ftserve.planner import Plan, Step, plan_transition
 from engine.ftserve.wire import RebuildOutcome
 from ladder.client import ClientError, EngineTimeout, FtServeClient
 from ladder.clock import Clock, SystemClock
+from ladder.knobs import check_knobs, check_order, knob
+from ladder.parsers import seconds, whole
 
 __all__ = ["ApplyResult", "ApplySettings", "StepRecord", "apply_target"]
 
@@ -34,16 +36,33 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ApplySettings:
-    poll_s: float = 0.5
-    idle_wait_s: float = 600.0
-    settle_wait_s: float = 600.0
-    busy_retries: int = 8
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 30.0
-    rebuild_wait_s: float = 300.0
-    max_replans: int = 2
+    """How one transition is executed; the `[control]` table holds these knobs beside the
+    control loop's (`ladder.controller.ControlSettings`), some under a `busy_` or `apply_`
+    key that says what they time there."""
+
+    poll_s: float = knob(0.5, seconds(positive=True), "Status polling while a rebuild runs, "
+                         "seconds, > 0.", key="apply_poll_s")
+    idle_wait_s: float = knob(600.0, seconds(), "Longest wait for a safe moment (no active "
+                              "request) before giving up a step, seconds.")
+    settle_wait_s: float = knob(600.0, seconds(), "Longest wait for the server to settle after "
+                                "a step, seconds.")
+    rebuild_wait_s: float = knob(300.0, seconds(), "Longest wait for a rebuild to finish "
+                                 "(504/409), seconds.")
+    busy_retries: int = knob(8, whole(), "Retries of a step answered `busy` (503).")
+    backoff_base_s: float = knob(1.0, seconds(), "First wait after `busy`, seconds; doubles per "
+                                 "retry.", key="busy_backoff_base_s")
+    backoff_max_s: float = knob(30.0, seconds(), "Ceiling of that wait, seconds, >= "
+                                "`busy_backoff_base_s`.", key="busy_backoff_max_s")
+    max_replans: int = knob(2, whole(), "Re-plans from the live geometry after `rejected` or a "
+                            "geometry that moved.")
+    # The budget the plans are priced against: the server's ladder knobs (`LadderSpec`), which
+    # the controller sets here; `ladder apply` sets them from its flags.
     fixed_bytes: int = 0
     reserve_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+        check_order(self, "backoff_base_s", "backoff_max_s")
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,12 +3,14 @@
 Why it exists: ft serve admits a request against `max_seq_len = min(model ctx, KV tokens)` of
 the geometry it runs *now*. After the ladder shrank the KV pool for expert slots, a long prompt
 is refused with `context_length_exceeded` and `max_tokens` is clipped to what is left, which the
-client learns only from `finish_reason: "length"` (ftserve-control-plane.md §1.6); and while a
-rebuild runs, every generation gets 503 (§1.4). The gate sits in front of the OpenAI and
-Anthropic routes, sizes each request (`ladder.sizing`), asks the controller to step up when the
-live rung is too small, holds the request until it fits, and only then forwards it, byte for
-byte. Requests that arrive during a transition are held the same way, and a 503 "cache rebuild
-in progress" that races a transition's start is retried after it instead of being passed on.
+client learns only from `finish_reason: "length"` (ft serve's scheduler.py
+`Scheduler._process_one_msg`); and while a rebuild runs, every generation gets 503 (captured in
+tests/fixtures/freetoken-0.1.2, `chat_completion.during_rebuild.json`). The gate sits in front
+of the OpenAI and Anthropic routes, sizes each request (`ladder.sizing`), asks the controller to
+step up when the live rung is too small, holds the request until it fits, and only then
+forwards it, byte for byte. Requests that arrive during a transition are held the same way, and
+a 503 "cache rebuild in progress" that races a transition's start is retried after it instead
+of being passed on.
 
 Decisions:
 
@@ -75,15 +77,12 @@ from engine.ftserve.wire import RequestEntry
 from ladder.sizing import (
     DEFAULT_MAX_TOKENS,
     GENERATION_PATHS,
-    ForwardRecord,
     RequestSize,
-    SizedPrompt,
     SizingError,
-    TokenBound,
-    load_tokenizer,
-    match_observations,
     size_request,
 )
+from ladder.token_bound import ForwardRecord, SizedPrompt, TokenBound, match_observations
+from ladder.tokenizer_file import load_tokenizer
 
 __all__ = [
     "REBUILD_IN_PROGRESS",

@@ -17,9 +17,12 @@ import logging
 import sys
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["LogThrottle", "configure"]
+from ladder.knobs import check_knobs, knob
+from ladder.parsers import choice, seconds
+
+__all__ = ["LogSettings", "LogThrottle", "configure"]
 
 _STANDARD = set(vars(logging.LogRecord("x", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -42,7 +45,26 @@ class _Json(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
-def configure(fmt: str = "text", level: str = "info") -> None:
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    """The `[log]` table of the config: how lines look and how often a recurring one prints."""
+
+    format: Literal["text", "json"] = knob("text", choice("text", "json"),
+                                           "`text` or `json` (one object per line).")
+    level: Literal["debug", "info", "warning", "error"] = knob(
+        "info", choice("debug", "info", "warning", "error"),
+        "`debug`, `info`, `warning` or `error`.")
+    repeat_s: float = knob(
+        300.0, seconds(positive=True), "A decision is logged when its outcome changes, else "
+        "once every `repeat_s` (a heartbeat); a repeated warning (a down server) is logged at "
+        "once, then 5, 10, 20 ... s apart up to `repeat_s`, each line counting the ones it held "
+        "back. Seconds, > 0.")
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+
+
+def configure(fmt: str, level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Json() if fmt == "json" else _Text())
     root = logging.getLogger()
@@ -68,7 +90,7 @@ class LogThrottle:
     `repeat_s`; a new signature prints at once. Both return how many lines were held back
     since the last one printed, for the line to say so."""
 
-    repeat_s: float = 300.0
+    repeat_s: float
     first_gap_s: float = 5.0
     _lines: dict[str, _Line] = field(default_factory=dict)
 

@@ -31,6 +31,8 @@ from typing import Literal
 from engine.ftserve.budget import MemoryModel
 from engine.ftserve.geometry import Geometry, Limits
 from engine.ftserve.planner import SIZE_FIELD, Plan, plan_transition, pool_size
+from ladder.knobs import KnobError, check_knobs, knob
+from ladder.parsers import byte_size, choice, optional, ratio, tokens, whole
 from policies.api import LadderView, RungView
 
 __all__ = [
@@ -54,28 +56,42 @@ Spacing = Literal["geometric", "linear"]
 
 @dataclass(frozen=True, slots=True)
 class LadderSpec:
-    """How to lay out the rungs; every field has the default argued in the module docstring."""
+    """How to lay out the rungs; every field has the default argued in the module docstring.
 
-    kv_floor_tokens: int = 4096
-    kv_max_tokens: int | None = None
-    spacing: Spacing = "geometric"
-    kv_step_ratio: float = math.sqrt(2)
-    kv_step_tokens: int = 32768
-    reserve_bytes: int = 0
-    mamba_slots: int | None = None
-    min_moe_slots: int | None = None
+    The budget knobs (`reserve_bytes`, `fixed_bytes`) also price the server's memory model,
+    which the controller builds from them; `build_ladder` takes `reserve_bytes` from here and
+    `fixed_bytes` from the model it is given."""
+
+    kv_floor_tokens: int = knob(4096, tokens(), "KV capacity of the lowest rung, tokens, >= 1.",
+                                flag="--kv-floor")
+    kv_max_tokens: int | None = knob(
+        None, optional(tokens()), "Cap on the top rung's KV, tokens; unset: whatever the "
+        "budget allows. Below `kv_floor_tokens` is an \"impossible ladder\".", flag="--kv-max")
+    spacing: Spacing = knob(
+        "geometric", choice("geometric", "linear"), "`geometric` (each rung `kv_step_ratio` "
+        "times the last, at most `kv_step_tokens` more) or `linear` (+`kv_step_tokens`).",
+        flag="--spacing")
+    kv_step_ratio: float = knob(
+        math.sqrt(2), ratio(low=1.0, high=16.0, low_open=True, high_open=False),
+        "Geometric ratio, in (1, 16].", flag="--kv-ratio", shown="`1.41421356…` (sqrt 2)")
+    kv_step_tokens: int = knob(
+        32768, tokens(), "Linear step, or with geometric spacing the largest step, tokens, "
+        ">= 1.", flag="--kv-step")
+    reserve_bytes: int = knob(0, byte_size(), "Budget held back from every rung, bytes.",
+                              flag="--reserve")
+    fixed_bytes: int = knob(0, byte_size(), "Memory outside the cache pools the plan must count "
+                            "(weights, workspace), bytes.", flag="--fixed-bytes")
+    mamba_slots: int | None = knob(None, optional(whole()), "Mamba state slots on every rung; "
+                                   "unset: keep the live count.")
+    min_moe_slots: int | None = knob(None, optional(whole()), "Fewest expert slots a rung may "
+                                     "have; unset: the engine's floor.")
 
     def __post_init__(self) -> None:
-        if self.kv_floor_tokens < 1:
-            raise ValueError("kv_floor_tokens must be at least 1")
+        check_knobs(self)
         if self.kv_max_tokens is not None and self.kv_max_tokens < self.kv_floor_tokens:
-            raise ValueError("kv_max_tokens is below kv_floor_tokens")
-        if self.spacing == "geometric" and not self.kv_step_ratio > 1.0:
-            raise ValueError("kv_step_ratio must be greater than 1")
-        if self.kv_step_tokens < 1:
-            raise ValueError("kv_step_tokens must be at least 1")
-        if self.reserve_bytes < 0:
-            raise ValueError("reserve_bytes must not be negative")
+            raise KnobError("kv_max_tokens", f"impossible ladder: kv_max_tokens "
+                                             f"{self.kv_max_tokens} is below kv_floor_tokens "
+                                             f"{self.kv_floor_tokens}")
 
 
 @dataclass(frozen=True, slots=True)

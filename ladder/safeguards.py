@@ -42,6 +42,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from ladder.knobs import check_knobs, check_order, knob
+from ladder.parsers import ratio, seconds, whole
 from policies.api import Decision, LadderView
 
 __all__ = [
@@ -60,28 +62,33 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 
 @dataclass(frozen=True, slots=True)
 class SafeguardSettings:
-    cooldown_s: float = 60.0
-    min_dwell_s: float = 120.0
-    down_tolerance: float = 0.10
-    max_transitions_per_hour: int = 12
-    backoff_base_s: float = 5.0
-    backoff_max_s: float = 300.0
-    breaker_failures: int = 5
-    breaker_open_s: float = 600.0
-    fallback_after_failed_reads: int = 3
-    reads_to_recover: int = 2
+    """The `[safeguards]` table of the config; the checks above say how each is used."""
+
+    cooldown_s: float = knob(60.0, seconds(), "Least time between two transitions, seconds.")
+    min_dwell_s: float = knob(120.0, seconds(), "Least time on a rung before shrinking off it, "
+                              "seconds.")
+    down_tolerance: float = knob(
+        0.10, ratio(low=0.0, high=1.0, low_open=False, high_open=True),
+        "No shrink while the demand is within this fraction of the current rung; in [0, 1).")
+    max_transitions_per_hour: int = knob(12, whole(minimum=1), "Rate limit on transitions, "
+                                         ">= 1.")
+    backoff_base_s: float = knob(5.0, seconds(), "First wait after a failed transition, "
+                                 "seconds; doubles per failure.")
+    backoff_max_s: float = knob(300.0, seconds(), "Ceiling of that wait, seconds, >= "
+                                "`backoff_base_s`.")
+    breaker_failures: int = knob(5, whole(minimum=1), "Consecutive failed transitions that "
+                                 "open the circuit breaker (stop mutating), >= 1.")
+    breaker_open_s: float = knob(600.0, seconds(), "How long the breaker stays open before one "
+                                 "trial transition, seconds.")
+    fallback_after_failed_reads: int = knob(
+        3, whole(minimum=1), "Consecutive failed status reads after which the controller holds "
+        "(no decisions), >= 1.")
+    reads_to_recover: int = knob(2, whole(minimum=1), "Consecutive good status reads that end "
+                                 "that hold, >= 1.")
 
     def __post_init__(self) -> None:
-        for key in ("cooldown_s", "min_dwell_s", "backoff_base_s", "backoff_max_s",
-                    "breaker_open_s"):
-            if not getattr(self, key) >= 0:
-                raise ValueError(f"safeguards.{key} must not be negative")
-        if not 0.0 <= self.down_tolerance < 1.0:
-            raise ValueError("safeguards.down_tolerance must be in [0, 1)")
-        for key in ("max_transitions_per_hour", "breaker_failures",
-                    "fallback_after_failed_reads", "reads_to_recover"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"safeguards.{key} must be at least 1")
+        check_knobs(self)
+        check_order(self, "backoff_base_s", "backoff_max_s")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ladder.demo import _free_port
+from ladder.demo import free_port
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "ftserve_e2e.py"
 
@@ -18,7 +18,7 @@ def test_default_boot_phase_passes_on_the_reference_engine(tmp_path: Path) -> No
     out = tmp_path / "e2e"
     done = subprocess.run(
         [sys.executable, str(BENCH), "--reference", "--phases", "default_boot", "--out",
-         str(out), "--port", str(_free_port()), "--gate-port", str(_free_port())],
+         str(out), "--port", str(free_port()), "--gate-port", str(free_port())],
         capture_output=True, text=True, timeout=300)
     result = json.loads((out / "result.json").read_text())
     assert done.returncode == 0, (done.stderr[-2000:], result.get("error"))

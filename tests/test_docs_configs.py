@@ -24,7 +24,7 @@ from engine.reference.server import make_app
 from ladder.cli import main
 from ladder.config import load
 from ladder.daemon import build_daemon
-from ladder.demo import _free_port, demo_engine_config
+from ladder.demo import demo_engine_config, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -72,7 +72,7 @@ async def test_each_example_runs_against_reference_engines(
         url = str((await aiohttp_server(make_app(engine))).make_url("")).rstrip("/")
         env[f"LADDER_SERVERS__{index}__URL"] = url
         if "gate_listen" in server:
-            env[f"LADDER_SERVERS__{index}__GATE_LISTEN"] = f"127.0.0.1:{_free_port()}"
+            env[f"LADDER_SERVERS__{index}__GATE_LISTEN"] = f"127.0.0.1:{free_port()}"
         if "tokenizer_path" in server:  # a path on the author's machine
             env[f"LADDER_SERVERS__{index}__TOKENIZER_PATH"] = ""
     path = tmp_path / "ladder.toml"

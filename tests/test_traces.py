@@ -6,31 +6,15 @@ Sample statistics are held to 20 % of the published medians/means over a few tho
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from bench import traces
 
-def _load_traces() -> ModuleType:
-    # bench/ is not a package (and is not installed); load the file itself.
-    path = Path(__file__).resolve().parents[1] / "bench" / "traces.py"
-    spec = importlib.util.spec_from_file_location("bench_traces", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while building classes
-    spec.loader.exec_module(module)
-    return module
-
-
-traces = _load_traces()
 P = traces.DEFAULT_AGENTIC
 
 

@@ -126,7 +126,7 @@ class MemoryModel:
         """Usable KV pages ft serve's boot gives KV without `--num-tokens` (engine.py:343-345,
         `solve_num_pages`): what its budget leaves beside the experts and the physical GDN
         pool, over the bytes per page, the dummy page not counted. Its budget is a free-memory
-        reading, `drift_bytes` off `cache_budget_bytes` (the report's boot: +2 MiB)."""
+        reading, `drift_bytes` off `cache_budget_bytes` (+2 MiB in issue 16's report)."""
         available = (self.cache_budget_bytes + drift_bytes - self.fixed_bytes
                      - self.moe_bytes(moe_slots) - self.mamba_bytes(mamba_slots))
         return max(1, available // self.kv_bytes_per_page)

@@ -1,8 +1,8 @@
 """ft serve's control-plane rules, as pure functions the reference engine's server applies.
 
-Field names, status codes, error texts and the order of checks follow ft serve 0.1.2
-(ftserve-control-plane.md §1.4, and the documents captured from it in tests/fixtures), so that
-a client cannot tell the two apart on the wire except where a difference is deliberate.
+Field names, status codes, error texts and the order of checks follow ft serve 0.1.2 (the
+documents captured from it in tests/fixtures/freetoken-0.1.2/), so that a client cannot tell
+the two apart on the wire except where a difference is deliberate.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The pool geometry, unit costs and budget an engine reports in `GET /v1/cache/status`.
 
-ft serve 0.1.2 and 0.2.1 serve the same document (see ftserve-control-plane.md §1.3); the
-reference engine serves it too, plus an `engine` object that says how it executes a rebuild.
-Parsing is strict: a field that is missing, of the wrong type, or that would make a price
-meaningless (a unit cost of 0 means "unknown") raises `StatusError` naming the field, and
-nothing else is ever raised, whatever the input.
+ft serve 0.1.2 and 0.2.1 serve the same document (0.1.2's are captured in
+tests/fixtures/freetoken-0.1.2/cache_status.*.json); the reference engine serves it too, plus an
+`engine` object that says how it executes a rebuild. Parsing is strict: a field that is missing,
+of the wrong type, or that would make a price meaningless (a unit cost of 0 means "unknown")
+raises `engine.ftserve.fields.DocumentError` naming the field, and nothing else is ever raised,
+whatever the input.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from engine.ftserve.fields import DocumentError, mapping, opt_str, req_int, req_str, required
 
 __all__ = [
     "REFERENCE_ENGINE_NAME",
@@ -23,7 +26,6 @@ __all__ = [
     "LastRebuild",
     "Limits",
     "ModelShape",
-    "StatusError",
     "UnitCosts",
     "parse_cache_status",
 ]
@@ -31,15 +33,6 @@ __all__ = [
 REFERENCE_ENGINE_NAME = "moe-ladder-reference"
 
 EngineKind = Literal["freetoken", "reference"]
-
-
-class StatusError(ValueError):
-    """A `/v1/cache/status` document that cannot be used; the message names the field."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,43 +157,10 @@ class CacheStatus:
     engine: EngineModel
 
 
-def _field(doc: Mapping[str, Any], key: str, path: str) -> Any:
-    if key not in doc:
-        raise StatusError(f"{path}{key}", "missing")
-    return doc[key]
-
-
-def _mapping(value: Any, path: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise StatusError(path, f"expected an object, got {type(value).__name__}")
-    return value
-
-
-def _int(doc: Mapping[str, Any], key: str, path: str, *, minimum: int = 0) -> int:
-    value = _field(doc, key, path)
-    # JSON has no int/float split; accept 12.0 but never True or 1.5.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise StatusError(f"{path}{key}", f"expected an integer, got {type(value).__name__}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise StatusError(f"{path}{key}", f"expected an integer, got {value!r}")
-        value = int(value)
-    if value < minimum:
-        raise StatusError(f"{path}{key}", f"must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _optional_str(doc: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = doc.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    raise StatusError(f"{path}{key}", f"expected a string or null, got {type(value).__name__}")
-
-
 def _unit(units: Mapping[str, Any], key: str, needed_for: str | None) -> int:
-    value = _int(units, key, "geometry.unit_bytes.")
+    value = req_int(units, key, "geometry.unit_bytes.")
     if needed_for is not None and value == 0:
-        raise StatusError(
+        raise DocumentError(
             f"geometry.unit_bytes.{key}",
             f"0 means the engine does not know the cost of {needed_for}; "
             "sizes cannot be priced without it",
@@ -209,21 +169,19 @@ def _unit(units: Mapping[str, Any], key: str, needed_for: str | None) -> int:
 
 
 def _limit(limits: Mapping[str, Any], pool: str, bound: str) -> int:
-    entry = _mapping(_field(limits, pool, "geometry.limits."), f"geometry.limits.{pool}")
-    return _int(entry, bound, f"geometry.limits.{pool}.")
+    entry = mapping(required(limits, pool, "geometry.limits."), f"geometry.limits.{pool}")
+    return req_int(entry, bound, f"geometry.limits.{pool}.")
 
 
 def _parse_engine(doc: Mapping[str, Any]) -> EngineModel:
     raw = doc.get("engine")
     if raw is None:
         return FREETOKEN
-    engine = _mapping(raw, "engine")
-    name = _field(engine, "name", "engine.")
-    if not isinstance(name, str):
-        raise StatusError("engine.name", "expected a string")
-    mode = _field(engine, "rebuild_mode", "engine.")
+    engine = mapping(raw, "engine")
+    name = req_str(engine, "name", "engine.")
+    mode = required(engine, "rebuild_mode", "engine.")
     if mode not in ("incremental", "freetoken"):
-        raise StatusError(
+        raise DocumentError(
             "engine.rebuild_mode", f"expected 'incremental' or 'freetoken', got {mode!r}"
         )
     if mode == "freetoken":
@@ -231,7 +189,7 @@ def _parse_engine(doc: Mapping[str, Any]) -> EngineModel:
     return EngineModel(
         kind="reference",
         name=name,
-        chunk_bytes=_int(engine, "chunk_bytes", "engine.", minimum=1),
+        chunk_bytes=req_int(engine, "chunk_bytes", "engine.", minimum=1),
         serves_while_rebuilding=True,
     )
 
@@ -239,38 +197,34 @@ def _parse_engine(doc: Mapping[str, Any]) -> EngineModel:
 def _parse_last_rebuild(raw: Any) -> LastRebuild | None:
     if raw is None:
         return None
-    last = _mapping(raw, "last_rebuild")
-    status = _field(last, "status", "last_rebuild.")
-    if not isinstance(status, str):
-        raise StatusError("last_rebuild.status", "expected a string")
+    last = mapping(raw, "last_rebuild")
+    status = req_str(last, "status", "last_rebuild.")
     return LastRebuild(
-        request_id=_optional_str(last, "request_id", "last_rebuild."),
+        request_id=opt_str(last, "request_id", "last_rebuild."),
         status=status,
-        error=_optional_str(last, "error", "last_rebuild."),
+        error=opt_str(last, "error", "last_rebuild."),
     )
 
 
 def parse_cache_status(doc: Any) -> CacheStatus:
-    """Parse a decoded `/v1/cache/status` body; raise `StatusError` naming the bad field."""
-    top = _mapping(doc, "document")
-    state = _field(top, "state", "")
-    if not isinstance(state, str):
-        raise StatusError("state", f"expected a string, got {type(state).__name__}")
-    geo = _mapping(_field(top, "geometry", ""), "geometry")
+    """Parse a decoded `/v1/cache/status` body; raise `DocumentError` naming the bad field."""
+    top = mapping(doc, "document")
+    state = req_str(top, "state", "")
+    geo = mapping(required(top, "geometry", ""), "geometry")
     g = "geometry."
-    page_size = _int(geo, "page_size", g, minimum=1)
-    num_experts = _int(geo, "num_experts", g)
-    num_moe_layers = _int(geo, "num_moe_layers", g)
+    page_size = req_int(geo, "page_size", g, minimum=1)
+    num_experts = req_int(geo, "num_experts", g)
+    num_moe_layers = req_int(geo, "num_moe_layers", g)
     geometry = Geometry(
-        moe_cache_size=_int(geo, "moe_cache_size", g),
-        num_pages=_int(geo, "num_pages", g, minimum=1),
-        num_mamba_slots=_int(geo, "num_mamba_slots", g),
-        num_swa_pages=_int(geo, "num_swa_pages", g) if "num_swa_pages" in geo else 0,
+        moe_cache_size=req_int(geo, "moe_cache_size", g),
+        num_pages=req_int(geo, "num_pages", g, minimum=1),
+        num_mamba_slots=req_int(geo, "num_mamba_slots", g),
+        num_swa_pages=req_int(geo, "num_swa_pages", g) if "num_swa_pages" in geo else 0,
     )
-    swa_page_size = _int(geo, "swa_page_size", g) if "swa_page_size" in geo else 0
+    swa_page_size = req_int(geo, "swa_page_size", g) if "swa_page_size" in geo else 0
     has_moe = num_moe_layers > 0
     if has_moe and num_experts == 0:
-        raise StatusError("geometry.num_experts", "0 although num_moe_layers > 0")
+        raise DocumentError("geometry.num_experts", "0 although num_moe_layers > 0")
     shape = ModelShape(
         page_size=page_size,
         num_experts=num_experts,
@@ -280,8 +234,8 @@ def parse_cache_status(doc: Any) -> CacheStatus:
         has_swa=geometry.num_swa_pages > 0,
     )
     if shape.has_swa and swa_page_size == 0:
-        raise StatusError("geometry.swa_page_size", "0 although num_swa_pages > 0")
-    units_doc = _mapping(_field(geo, "unit_bytes", g), "geometry.unit_bytes")
+        raise DocumentError("geometry.swa_page_size", "0 although num_swa_pages > 0")
+    units_doc = mapping(required(geo, "unit_bytes", g), "geometry.unit_bytes")
     units = UnitCosts(
         kv_per_token=_unit(units_doc, "kv_per_token", "a KV token"),
         moe_per_expert=_unit(units_doc, "moe_per_expert", "an expert slot" if has_moe else None),
@@ -292,7 +246,7 @@ def parse_cache_status(doc: Any) -> CacheStatus:
         if "swa_per_token" in units_doc or shape.has_swa
         else 0,
     )
-    limits_doc = _mapping(_field(geo, "limits", g), "geometry.limits")
+    limits_doc = mapping(required(geo, "limits", g), "geometry.limits")
     floors = Floors(
         kv_tokens=max(1, _limit(limits_doc, "kv_tokens", "min")),
         moe_slots=_limit(limits_doc, "moe_experts", "min"),
@@ -310,7 +264,7 @@ def parse_cache_status(doc: Any) -> CacheStatus:
         units=units,
         floors=floors,
         limits=limits,
-        cache_budget_bytes=_int(geo, "cache_budget_bytes", g, minimum=1),
+        cache_budget_bytes=req_int(geo, "cache_budget_bytes", g, minimum=1),
         last_rebuild=_parse_last_rebuild(top.get("last_rebuild")),
         engine=_parse_engine(top),
     )

@@ -29,8 +29,8 @@ from typing import Any
 from engine.ftserve.budget import MemoryModel
 from engine.ftserve.geometry import EngineKind, Geometry
 
-__all__ = ["SIZE_FIELD", "Instant", "Plan", "Step", "call_instants", "plan_transition",
-           "pool_size", "validate_target"]
+__all__ = ["POOL_ORDER", "SIZE_FIELD", "Instant", "Plan", "Step", "call_instants",
+           "plan_transition", "pool_size", "validate_target"]
 
 # ft serve's order inside one call; the window pool is resized together with KV.
 POOL_ORDER = ("moe", "kv", "mamba")

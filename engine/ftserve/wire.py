@@ -4,13 +4,14 @@ Why a module of its own: the daemon's decisions hinge on telling apart replies t
 the wire. On the rebuild route HTTP 503 means five different things (scheduler busy, rejected and
 still serving, latched failure, dispatch failure with the gate back to serving, still loading), and
 `/health` `"ok"` can hide a latched `maintenance: "failed"`. Those distinctions must be testable
-against the captured bytes of a real server, without any I/O, so they live here and
-`ladder.client` only moves bytes (ftserve-control-plane.md §1).
+against the captured bytes of a real server (tests/fixtures/freetoken-0.1.2/), without any I/O,
+so they live here and `ladder.client` only moves bytes.
 
-Contract: every `parse_*` function raises `WireError` naming the offending field and nothing else,
-whatever the input. `classify_rebuild` never raises: every reply of the rebuild route, including
-one it does not understand, is an outcome the controller must act on. `/v1/cache/status` is parsed
-by `engine.ftserve.geometry.parse_cache_status`, which the planner shares.
+Contract: every `parse_*` function raises `engine.ftserve.fields.DocumentError` naming the
+offending field and nothing else, whatever the input. `classify_rebuild` never raises: every
+reply of the rebuild route, including one it does not understand, is an outcome the controller
+must act on. `/v1/cache/status` is parsed by `engine.ftserve.geometry.parse_cache_status`, which
+the planner shares.
 
 Missing means unknown, not zero: optional sections and counters the server leaves out are `None`.
 """
@@ -23,6 +24,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast, get_args
 
+from engine.ftserve.fields import (
+    DocumentError,
+    mapping,
+    opt_float,
+    opt_int,
+    opt_section,
+    opt_str,
+    req_bool,
+    req_float,
+    req_int,
+    req_str,
+    required,
+)
 from engine.ftserve.geometry import Geometry
 
 __all__ = [
@@ -40,7 +54,6 @@ __all__ = [
     "RequestEntry",
     "RequestLog",
     "Stats",
-    "WireError",
     "build_rebuild_body",
     "classify_rebuild",
     "parse_health",
@@ -90,98 +103,6 @@ REBUILD_REQUEST_KEYS: Final = frozenset(
 _REQUEST_KEY_HINTS: Final = {"mamba_slots": "num_mamba_slots", "wait_s": "timeout"}
 
 
-class WireError(ValueError):
-    """A control-plane document that cannot be used; the message names the field."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
-
-
-# ---------------------------------------------------------------------------------------------
-# Field readers. `path` is the dotted prefix of `key` used in error messages ("kv.", "entries[2].").
-
-
-def _mapping(value: Any, field: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise WireError(field or "document", f"expected an object, got {type(value).__name__}")
-    return value
-
-
-def _required(doc: Mapping[str, Any], key: str, path: str) -> Any:
-    if key not in doc:
-        raise WireError(path + key, "missing")
-    return doc[key]
-
-
-def _as_int(value: Any, field: str, *, minimum: int | None = 0) -> int:
-    # JSON has no int/float split; accept 12.0 but never True or 1.5.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise WireError(field, f"expected an integer, got {type(value).__name__}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise WireError(field, f"expected an integer, got {value!r}")
-        value = int(value)
-    if minimum is not None and value < minimum:
-        raise WireError(field, f"must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _as_float(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise WireError(field, f"expected a number, got {type(value).__name__}")
-    result = float(value)
-    if not math.isfinite(result) or result < 0:
-        raise WireError(field, f"expected a finite number >= 0, got {value!r}")
-    return result
-
-
-def _as_str(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise WireError(field, f"expected a string, got {type(value).__name__}")
-    return value
-
-
-def _req_int(doc: Mapping[str, Any], key: str, path: str) -> int:
-    return _as_int(_required(doc, key, path), path + key)
-
-
-def _req_float(doc: Mapping[str, Any], key: str, path: str) -> float:
-    return _as_float(_required(doc, key, path), path + key)
-
-
-def _req_str(doc: Mapping[str, Any], key: str, path: str) -> str:
-    return _as_str(_required(doc, key, path), path + key)
-
-
-def _req_bool(doc: Mapping[str, Any], key: str, path: str) -> bool:
-    value = _required(doc, key, path)
-    if not isinstance(value, bool):
-        raise WireError(path + key, f"expected a boolean, got {type(value).__name__}")
-    return value
-
-
-def _opt_int(doc: Mapping[str, Any], key: str, path: str) -> int | None:
-    value = doc.get(key)
-    return None if value is None else _as_int(value, path + key)
-
-
-def _opt_float(doc: Mapping[str, Any], key: str, path: str) -> float | None:
-    value = doc.get(key)
-    return None if value is None else _as_float(value, path + key)
-
-
-def _opt_str(doc: Mapping[str, Any], key: str, path: str) -> str | None:
-    value = doc.get(key)
-    return None if value is None else _as_str(value, path + key)
-
-
-def _opt_section(doc: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any] | None:
-    value = doc.get(key)
-    return None if value is None else _mapping(value, path + key)
-
-
 # ---------------------------------------------------------------------------------------------
 # GET /health
 
@@ -224,36 +145,36 @@ class Health:
 
 
 def parse_health(doc: Any) -> Health:
-    """Parse a decoded `/health` body (ftserve-control-plane.md §1.2)."""
-    top = _mapping(doc, "document")
-    status = _req_str(top, "status", "")
+    """Parse a decoded `/health` body."""
+    top = mapping(doc, "document")
+    status = req_str(top, "status", "")
     if status not in _HEALTH_STATUSES:
-        raise WireError("status", f"expected one of {sorted(_HEALTH_STATUSES)}, got {status!r}")
-    maintenance = _opt_str(top, "maintenance", "")
+        raise DocumentError("status", f"expected one of {sorted(_HEALTH_STATUSES)}, got {status!r}")
+    maintenance = opt_str(top, "maintenance", "")
     if maintenance is not None and maintenance not in _MAINTENANCE_STATES:
         # An unknown state must not be mistaken for serving; refuse it instead of guessing.
-        raise WireError(
+        raise DocumentError(
             "maintenance", f"expected one of {sorted(_MAINTENANCE_STATES)}, got {maintenance!r}"
         )
-    progress_doc = _opt_section(top, "progress", "")
+    progress_doc = opt_section(top, "progress", "")
     progress = (
         None
         if progress_doc is None
         else LoadProgress(
-            done_bytes=_req_int(progress_doc, "done_bytes", "progress."),
-            total_bytes=_req_int(progress_doc, "total_bytes", "progress."),
+            done_bytes=req_int(progress_doc, "done_bytes", "progress."),
+            total_bytes=req_int(progress_doc, "total_bytes", "progress."),
         )
     )
     return Health(
         status=cast(HealthStatus, status),
-        instance_id=_req_str(top, "instance_id", ""),
+        instance_id=req_str(top, "instance_id", ""),
         maintenance=cast("MaintenanceState | None", maintenance),
-        model=_opt_str(top, "model", ""),
-        version=_opt_str(top, "version", ""),
-        uptime_s=_opt_float(top, "uptime_s", ""),
-        phase=_opt_str(top, "phase", ""),
+        model=opt_str(top, "model", ""),
+        version=opt_str(top, "version", ""),
+        uptime_s=opt_float(top, "uptime_s", ""),
+        phase=opt_str(top, "phase", ""),
         progress=progress,
-        message=_opt_str(top, "message", ""),
+        message=opt_str(top, "message", ""),
     )
 
 
@@ -310,47 +231,47 @@ class Stats:
 
 
 def parse_stats(doc: Any) -> Stats:
-    """Parse a decoded `/v1/stats` body (ftserve-control-plane.md §1.5)."""
-    top = _mapping(doc, "document")
+    """Parse a decoded `/v1/stats` body."""
+    top = mapping(doc, "document")
     empty: Mapping[str, Any] = {}
-    model = _opt_section(top, "model", "") or empty
-    throughput = _opt_section(top, "throughput", "") or empty
-    requests = _opt_section(top, "requests", "") or empty
-    kv_doc = _opt_section(top, "kv", "")
+    model = opt_section(top, "model", "") or empty
+    throughput = opt_section(top, "throughput", "") or empty
+    requests = opt_section(top, "requests", "") or empty
+    kv_doc = opt_section(top, "kv", "")
     kv = (
         None
         if kv_doc is None
         else KvUsage(
-            used_pages=_req_int(kv_doc, "used_pages", "kv."),
-            total_pages=_req_int(kv_doc, "total_pages", "kv."),
-            page_size=_req_int(kv_doc, "page_size", "kv."),
+            used_pages=req_int(kv_doc, "used_pages", "kv."),
+            total_pages=req_int(kv_doc, "total_pages", "kv."),
+            page_size=req_int(kv_doc, "page_size", "kv."),
         )
     )
-    mamba_doc = _opt_section(top, "mamba", "")
+    mamba_doc = opt_section(top, "mamba", "")
     mamba = (
         None
         if mamba_doc is None
         else MambaUsage(
-            used_slots=_req_int(mamba_doc, "used_slots", "mamba."),
-            total_slots=_req_int(mamba_doc, "total_slots", "mamba."),
+            used_slots=req_int(mamba_doc, "used_slots", "mamba."),
+            total_slots=req_int(mamba_doc, "total_slots", "mamba."),
         )
     )
     return Stats(
-        instance_id=_req_str(top, "instance_id", ""),
-        model_id=_opt_str(model, "id", "model."),
-        model_ctx=_opt_int(model, "ctx", "model."),
-        uptime_s=_opt_float(top, "uptime_s", ""),
+        instance_id=req_str(top, "instance_id", ""),
+        model_id=opt_str(model, "id", "model."),
+        model_ctx=opt_int(model, "ctx", "model."),
+        uptime_s=opt_float(top, "uptime_s", ""),
         kv=kv,
         mamba=mamba,
-        vram_bytes=_opt_int(top, "vram_bytes", ""),
-        decode_tps=_opt_float(throughput, "decode_tps", "throughput."),
-        prefill_tps=_opt_float(throughput, "prefill_tps", "throughput."),
-        requests_active=_opt_int(requests, "active", "requests."),
-        requests_completed=_opt_int(requests, "completed", "requests."),
-        p95_ms=_opt_float(requests, "p95_ms", "requests."),
-        ttft_mean_ms=_opt_float(requests, "ttft_mean_ms", "requests."),
-        prompt_tokens_total=_opt_int(requests, "prompt_tokens_total", "requests."),
-        completion_tokens_total=_opt_int(requests, "completion_tokens_total", "requests."),
+        vram_bytes=opt_int(top, "vram_bytes", ""),
+        decode_tps=opt_float(throughput, "decode_tps", "throughput."),
+        prefill_tps=opt_float(throughput, "prefill_tps", "throughput."),
+        requests_active=opt_int(requests, "active", "requests."),
+        requests_completed=opt_int(requests, "completed", "requests."),
+        p95_ms=opt_float(requests, "p95_ms", "requests."),
+        ttft_mean_ms=opt_float(requests, "ttft_mean_ms", "requests."),
+        prompt_tokens_total=opt_int(requests, "prompt_tokens_total", "requests."),
+        completion_tokens_total=opt_int(requests, "completion_tokens_total", "requests."),
     )
 
 
@@ -389,31 +310,31 @@ class RequestLog:
 
 
 def _parse_entry(raw: Any, path: str) -> RequestEntry:
-    entry = _mapping(raw, path.rstrip("."))
+    entry = mapping(raw, path.rstrip("."))
     return RequestEntry(
-        ts=_req_str(entry, "ts", path),
-        method=_req_str(entry, "method", path),
-        path=_req_str(entry, "path", path),
-        status=_req_int(entry, "status", path),
-        duration_ms=_req_float(entry, "duration_ms", path),
-        ttft_ms=_opt_float(entry, "ttft_ms", path),
-        prompt_tokens=_opt_int(entry, "prompt_tokens", path),
-        completion_tokens=_opt_int(entry, "completion_tokens", path),
-        stream=_req_bool(entry, "stream", path),
-        error=_opt_str(entry, "error", path),
-        model=_opt_str(entry, "model", path),
+        ts=req_str(entry, "ts", path),
+        method=req_str(entry, "method", path),
+        path=req_str(entry, "path", path),
+        status=req_int(entry, "status", path),
+        duration_ms=req_float(entry, "duration_ms", path),
+        ttft_ms=opt_float(entry, "ttft_ms", path),
+        prompt_tokens=opt_int(entry, "prompt_tokens", path),
+        completion_tokens=opt_int(entry, "completion_tokens", path),
+        stream=req_bool(entry, "stream", path),
+        error=opt_str(entry, "error", path),
+        model=opt_str(entry, "model", path),
     )
 
 
 def parse_requests(doc: Any) -> RequestLog:
-    """Parse a decoded `/v1/requests` body (ftserve-control-plane.md §1.6)."""
-    top = _mapping(doc, "document")
-    raw_entries = _required(top, "entries", "")
+    """Parse a decoded `/v1/requests` body."""
+    top = mapping(doc, "document")
+    raw_entries = required(top, "entries", "")
     if isinstance(raw_entries, str | bytes) or not isinstance(raw_entries, Sequence):
-        raise WireError("entries", f"expected a list, got {type(raw_entries).__name__}")
+        raise DocumentError("entries", f"expected a list, got {type(raw_entries).__name__}")
     return RequestLog(
         entries=tuple(_parse_entry(raw, f"entries[{i}].") for i, raw in enumerate(raw_entries)),
-        next_cursor=_req_int(top, "next_cursor", ""),
+        next_cursor=req_int(top, "next_cursor", ""),
     )
 
 
@@ -449,18 +370,18 @@ class RebuildReply:
 
 def parse_rebuild_reply(doc: Any) -> RebuildReply:
     """Parse a scheduler reply (the 200 body, or a 503 body carrying a `request_id`)."""
-    top = _mapping(doc, "document")
-    status = _req_str(top, "status", "")
+    top = mapping(doc, "document")
+    status = req_str(top, "status", "")
     if status not in _REPLY_STATUSES:
-        raise WireError("status", f"expected one of {sorted(_REPLY_STATUSES)}, got {status!r}")
+        raise DocumentError("status", f"expected one of {sorted(_REPLY_STATUSES)}, got {status!r}")
     return RebuildReply(
-        request_id=_req_str(top, "request_id", ""),
+        request_id=req_str(top, "request_id", ""),
         status=cast(ReplyStatus, status),
-        moe_cache_size=_req_int(top, "moe_cache_size", ""),
-        num_pages=_req_int(top, "num_pages", ""),
-        mamba_slots=_req_int(top, "mamba_slots", ""),
-        num_swa_pages=_opt_int(top, "num_swa_pages", "") or 0,
-        error=_opt_str(top, "error", ""),
+        moe_cache_size=req_int(top, "moe_cache_size", ""),
+        num_pages=req_int(top, "num_pages", ""),
+        mamba_slots=req_int(top, "mamba_slots", ""),
+        num_swa_pages=opt_int(top, "num_swa_pages", "") or 0,
+        error=opt_str(top, "error", ""),
     )
 
 
@@ -525,8 +446,8 @@ def _unexpected(http_status: int, why: str) -> RebuildOutcome:
 def classify_rebuild(http_status: int, body: Any) -> RebuildOutcome:
     """Map the rebuild route's (HTTP status, decoded body) to one outcome; never raises.
 
-    Pass `body=None` when the body was not JSON. The table is ftserve-control-plane.md §1.4,
-    checked against the captured 0.1.2 replies.
+    Pass `body=None` when the body was not JSON. The table is `RebuildOutcome`'s, checked
+    against the captured 0.1.2 replies (tests/fixtures/freetoken-0.1.2/rebuild.*.json).
     """
     doc: Mapping[str, Any] = body if isinstance(body, Mapping) else {}
     raw_status = doc.get("status")
@@ -540,7 +461,7 @@ def classify_rebuild(http_status: int, body: Any) -> RebuildOutcome:
     if "request_id" in doc:
         try:
             reply = parse_rebuild_reply(doc)
-        except WireError as exc:
+        except DocumentError as exc:
             reply_problem = str(exc)
 
     def outcome(kind: RebuildKind, *, latched: bool = False) -> RebuildOutcome:
@@ -608,15 +529,15 @@ def classify_rebuild(http_status: int, body: Any) -> RebuildOutcome:
 def build_rebuild_body(body: Mapping[str, Any], *, wait_s: float) -> dict[str, Any]:
     """The JSON object to POST: `body` plus `timeout=wait_s` and `mode="if_idle"` if absent.
 
-    Raises `WireError` for a key the server would silently ignore (e.g. the reply spelling
+    Raises `DocumentError` for a key the server would silently ignore (e.g. the reply spelling
     `mamba_slots`), a non-positive wait, or a body that is not JSON-serialisable.
     """
     if not isinstance(wait_s, int | float) or not math.isfinite(wait_s) or wait_s <= 0:
-        raise WireError("timeout", f"wait_s must be a positive finite number, got {wait_s!r}")
+        raise DocumentError("timeout", f"wait_s must be a positive finite number, got {wait_s!r}")
     for key in body:
         if key not in REBUILD_REQUEST_KEYS:
             hint = _REQUEST_KEY_HINTS.get(key)
-            raise WireError(
+            raise DocumentError(
                 str(key),
                 f"not a rebuild request key (the server would ignore it); use {hint!r}"
                 if hint
@@ -627,11 +548,11 @@ def build_rebuild_body(body: Mapping[str, Any], *, wait_s: float) -> dict[str, A
     payload.setdefault("mode", "if_idle")
     wait = payload["timeout"]
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
-        raise WireError("timeout", f"expected a finite number of seconds, got {wait!r}")
+        raise DocumentError("timeout", f"expected a finite number of seconds, got {wait!r}")
     if wait <= 0:
-        raise WireError("timeout", f"must be > 0 seconds, got {wait!r}")
+        raise DocumentError("timeout", f"must be > 0 seconds, got {wait!r}")
     try:
         json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise WireError("body", f"not JSON-serialisable: {exc}") from exc
+        raise DocumentError("body", f"not JSON-serialisable: {exc}") from exc
     return payload

@@ -8,11 +8,11 @@ its back) and their byte counts per tag.
 Two ways to get a small card:
 - CPU: `capacity_bytes` caps the sum of live allocations and raises `torch.OutOfMemoryError`,
   the exception a real CUDA OOM raises, so callers handle one type.
-- CUDA: `emulate_card` takes the rest of the GPU with a driver allocation outside torch
-  (gpu-memory.md §4): `mem_get_info`, `cudaMalloc` and the CUDA context then all see a card of
-  the target size, and OOM comes from the driver through torch's normal retry path. A cap on
-  torch's own reservations would leave everything outside torch unconstrained, so on CUDA
-  `DeviceMemory` never caps itself.
+- CUDA: `emulate_card` takes the rest of the GPU with a driver allocation outside torch:
+  `mem_get_info`, `cudaMalloc` and the CUDA context then all see a card of the target size,
+  and OOM comes from the driver through torch's normal retry path. A cap on torch's own
+  reservations would leave everything outside torch unconstrained, so on CUDA `DeviceMemory`
+  never caps itself.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _EXPANDABLE = "expandable_segments:True"
 
 
 def enable_expandable_segments() -> None:
-    """Let `empty_cache()` hand back freed 20 MiB pages even inside a live segment (§1.2).
+    """Let `empty_cache()` hand back freed 20 MiB pages even inside a live segment.
 
     Without it a freed chunk next to a live one pins its whole `cudaMalloc` segment, and a
     near-full card OOMs with GiBs reserved but unallocated.
@@ -125,7 +125,7 @@ class DeviceMemory:
     def release_to_driver(self) -> None:
         """Give torch's cached free blocks back to the driver so another pool can map them.
 
-        `del` alone returns a block to torch's cache only (§1.2); memory allocated outside
+        `del` alone returns a block to torch's cache only; memory allocated outside
         torch, and a differently sized torch request, cannot use it. Synchronizes the device.
         """
         if self.device.type == "cuda":
@@ -243,7 +243,7 @@ class Filler:
     """A driver allocation that makes the GPU look like a card of `total_bytes`.
 
     `get_device_properties().total_memory` still reports the real card: code that sizes pools
-    from the device total must be given `total_bytes` instead (§4).
+    from the device total must be given `total_bytes` instead.
     """
 
     device_index: int
@@ -290,7 +290,7 @@ def emulate_card(total_bytes: int, device: torch.device | str | int = "cuda") ->
     with torch.cuda.device(index):
         # Make sure the context exists before measuring: it is part of "used".
         torch.empty(1, device=f"cuda:{index}")
-        # Blocks cached by torch are invisible to allocations outside it (§1.2 item 5): hand
+        # Blocks cached by torch are invisible to allocations outside it: hand
         # them back first or the filler would count them as used for good.
         gc.collect()
         torch.cuda.empty_cache()

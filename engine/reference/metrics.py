@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.reference.runtime import ChunkPause, RebuildPause, ReferenceEngine
+from engine.reference.rebuild import ChunkPause, RebuildPause
+from engine.reference.runtime import ReferenceEngine
 
 __all__ = ["EngineMetrics"]
 
@@ -52,7 +53,7 @@ class _EngineCollector(Collector):
         lookups.add_metric(["miss"], e.experts.misses)
         yield lookups
         yield CounterMetricFamily("reference_engine_decode_tokens", "Tokens decoded",
-                                  value=e.completion_tokens_total + sum(
+                                  value=e.served.completion_tokens_total + sum(
                                       r.decode.generated for r in e.running.values()))
         yield GaugeMetricFamily("reference_engine_decode_tokens_per_second",
                                 "Aggregate decode tokens/s over the last 5 s",

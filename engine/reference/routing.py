@@ -23,29 +23,24 @@ A request's choices depend only on (model, num_layers, router seed, request seed
 index: never on other requests or on cache state. The engine relies on that to show that a
 resize never changes outputs.
 
-Calibration. Measured with `simulate_lru_hit_rate` (8 layers, 3 000 tokens from a cold cache,
-mean of 2 seeds; global and per-layer LRU agree within 0.01, except C at 4.5 %: 0.27 vs 0.30):
+Calibration. The presets' parameters are fitted with `simulate_lru_hit_rate` to single
+self-reported LRU hit-rate measurements of real models; the targets, and how close the curves
+come, live in tests/engine/reference/test_routing.py, which checks them. Why the parameters are
+what they are:
 
-* A (Qwen3-30B-like, 128 e top-8) at 8/24/49/81 slots per layer (imp PR 1374's rungs, "6/19/38/
-  64 %"): 0.33/0.74/0.91/0.96 vs targets 0.37/0.74/0.89/0.96; next-token repeat 0.48, within 8
-  tokens 0.78, median reuse distance 2 (targets 0.45/0.80/2). Changed from §2.3: rho 0.30 ->
-  0.33 and eps 0.15 -> 0.18. With the doc's values this implementation gives 0.32/0.75/0.92/0.96
-  (repeat 0.47 / 0.80): the 8-slot point sat 5+ points low and 38 % was 3 high. More rho lifts
-  the small-cache end (it is ~0.7 x next-token repeat, the rest lost to in-token thrash); more
-  eps pulls the 38-64 % end down. rho is capped by the reuse-distance target: above ~0.36 the
-  next-token repeat passes 0.5 and the median reuse distance drops to 1.
-* B (Qwen3-Next-like, 512 e top-10) at 12.5/25/37 %: 0.68/0.82/0.93 vs 0.67/0.81/0.93. Changed
-  from §2.3: w 0.25 -> 0.35 and rho 0.45 -> 0.55. With the doc's values this implementation
-  gives 0.68/0.88/0.96 (the doc's own table, ~0.86 interpolated at 25 %, is also high there): a
-  working set of exactly 25 % of the experts makes a 25 % cache nearly complete. A wider working
-  set lowers the 25-37 % end; a higher rho restores the 12.5 % point. A static top-6 % list
-  learned on one request covers 0.11 of another's lookups (doc: ~10-12 %). Next-token repeat
-  is 0.56 (§2 gives no locality target for this model).
-* C (DSV4-like, 256 e top-8): §2.3's values unchanged: 0.27-0.30/0.50/0.69/0.81 at 4.7/10/20/
-  30 %. Like the doc says, it over-states LRU at 4.5 % (8-18 % reported); it is the weak-
-  locality, adversarial regime (next-token repeat 0.28).
-* `with_shape` keeps the parameters: A on the tiny engine's 8 x 64 top-4 gives 0.61/0.82/0.91/
-  0.94 at 8/16/24/32 slots per layer and the same locality (0.47 / 0.78 / 2).
+* A (Qwen3-30B-like, 128 experts top-8), targets at 8/24/49/81 slots per layer (imp PR 1374's
+  rungs, "6/19/38/64 %") and a next-token repeat near 0.45 with a median reuse distance of 2.
+  More rho lifts the small-cache end (its hit rate is ~0.7 x the next-token repeat, the rest is
+  lost to in-token thrash); more eps pulls the 38-64 % end down. rho is capped by the
+  reuse-distance target: above ~0.36 the next-token repeat passes 0.5 and the median reuse
+  distance drops to 1.
+* B (Qwen3-Next-like, 512 experts top-10), targets at 12.5/25/37 % residency. A working set of
+  exactly 25 % of the experts makes a 25 % cache nearly complete, so w is wider than that, and
+  a higher rho restores the 12.5 % point. Its static skew is weak: a top-6 % list learned on
+  one request covers only about a tenth of another's lookups.
+* C (DSV4-like, 256 experts top-8): the weak-locality, adversarial regime; it over-states LRU
+  at 4.5 % residency (8-18 % reported).
+* `with_shape` keeps the parameters, so the tiny engine's 8 x 64 top-4 routes in A's regime.
 
 The residency rungs are *slots per layer* rounded as the sources did (imp's "6 %" is 8 slots of
 128, exactly top-k): at fewer than k slots per layer a sequential LRU thrashes to ~0.

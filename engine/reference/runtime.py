@@ -1,23 +1,13 @@
-"""The reference engine: pools, decoder, scheduler and rebuilds, with ft serve's semantics.
+"""The reference engine: pools, decoder and scheduler behind ft serve's semantics.
 
 One asyncio task runs the scheduler: it admits waiting requests, decodes one token for every
 running request (each computed alone, so outputs never depend on batching), and, between
-rounds, advances a rebuild. Two rebuild modes, so benchmarks compare them on one engine:
+rounds, advances a rebuild. The engine answers `POST /v1/cache/rebuild` as ft serve does (state
+checks, fit-check, reply, 503 `busy` in `freetoken` mode while requests run);
+`engine.reference.rebuild` carries the accepted rebuild out over the pools, in either mode, and
+`engine.reference.documents` builds the documents the engine serves.
 
-- `incremental` (default): free-first and chunked, content-keeping, while serving. Shrinking
-  pools move their live content into kept chunks and release chunks one at a time; growing
-  pools then add chunks one at a time. While requests run, each scheduler round spends up to
-  `rebuild_pause_budget_s` on chunk operations and then decodes: one operation a round would
-  stretch an N-chunk rebuild over N decode rounds, and requests queue behind it, while a
-  pause of a few ms a round costs decode little. With no request running or waiting, nothing
-  waits for the rebuild to step aside: it runs to its end, yielding to the event loop only so
-  that HTTP handlers stay responsive.
-- `freetoken`: what ft serve 0.1.2 does. Idle only (503 `busy` otherwise), MoE then KV then
-  mamba, each pool dropped whole and reallocated, contents lost. An OOM rolls back and replies
-  `rejected`; an OOM in the KV or mamba step leaves the rollback broken and latches `failed`,
-  as FreeToken #526 describes.
-
-All times are monotonic; the wall clock is used only for the request log's timestamps.
+All times are monotonic.
 """
 
 from __future__ import annotations
@@ -26,19 +16,16 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from engine.ftserve.budget import MemoryModel
 from engine.ftserve.control import (
-    RebuildRequest,
     fit_check_error,
     geometry_error,
     parse_rebuild_body,
@@ -52,24 +39,25 @@ from engine.ftserve.geometry import (
     ModelShape,
     UnitCosts,
 )
+from engine.reference import documents
 from engine.reference.decoder import DecodeRequest, ModelSpec, TinyMoE
 from engine.reference.memory import DeviceMemory, emulate_card, enable_expandable_segments
-from engine.reference.pools import ChunkEvent, ExpertSlotPool, PagedKVPool, StatePool
+from engine.reference.pools import ExpertSlotPool, PagedKVPool, StatePool
+from engine.reference.rebuild import (
+    ChunkPause,
+    Pool,
+    RebuildEnd,
+    RebuildJob,
+    RebuildMode,
+    RebuildPause,
+    RebuildRunner,
+)
 from engine.reference.tokenizer import Tokenizer
 
 __all__ = ["AdmissionError", "ChunkPause", "EngineConfig", "RebuildMode", "RebuildPause",
            "ReferenceEngine"]
 
 log = logging.getLogger(__name__)
-
-RebuildMode = Literal["incremental", "freetoken"]
-VERSION = "0.1.0"
-_RING = 512
-_TPS_WINDOW_S = 5.0
-# Idle rebuilds yield to the event loop after this much work: long enough that yielding costs
-# nothing measurable, short enough that /v1/cache/status or a new request is answered without
-# a delay a human or the daemon's status poll (0.5 s apart while a rebuild runs) would notice.
-_IDLE_SLICE_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,36 +119,6 @@ class _Running:
     started_s: float
     first_token_s: float | None = None
     admitted: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass(slots=True)
-class _RebuildJob:
-    request_id: str
-    start: Geometry
-    target: Geometry
-    ops: Generator[ChunkEvent | None, None, None]
-    done: asyncio.Future[tuple[int, dict[str, Any]]]
-    started_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPause:
-    """One chunk operation of an incremental rebuild: how long it took."""
-
-    pool: str
-    op: str
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class RebuildPause:
-    """One scheduler round's rebuild work while requests were running: how long their decode
-    waited, for how many chunk operations, touching how many bytes (moved, allocated and
-    freed, as the operations' `ChunkEvent.nbytes`)."""
-
-    ops: int
-    nbytes: int
-    seconds: float
 
 
 class ReferenceEngine:
@@ -229,19 +187,13 @@ class ReferenceEngine:
         self.states = StatePool(self.memory, state_bytes=spec.state_bytes,
                                 num_slots=config.num_mamba_slots, chunk_bytes=config.chunk_bytes)
         self.last_rebuild: dict[str, Any] | None = None
-        self.rebuild_job: _RebuildJob | None = None
+        self.rebuilds = RebuildRunner(
+            self._pools(), mode=config.rebuild_mode,
+            pause_budget_s=config.rebuild_pause_budget_s, live=self.geometry, emit=self._emit,
+            on_end=self._complete)
         self.waiting: collections.deque[_Running] = collections.deque()
         self.running: dict[str, _Running] = {}
-        self.ring: list[dict[str, Any]] = []
-        self.ring_base = 0
-        self.completed = 0
-        self.prompt_tokens_total = 0
-        self.completion_tokens_total = 0
-        self.durations_ms: collections.deque[int] = collections.deque(maxlen=256)
-        self.ttft_ms: collections.deque[int] = collections.deque(maxlen=256)
-        self.token_times: collections.deque[float] = collections.deque()
-        self.chunk_pauses: collections.deque[ChunkPause] = collections.deque(maxlen=4096)
-        self.rebuild_pauses: collections.deque[RebuildPause] = collections.deque(maxlen=4096)
+        self.served = documents.ServedRequests()
         self.transitions: collections.Counter[tuple[str, str]] = collections.Counter()
         self.listeners: list[Callable[[str, Any], None]] = []
         self._wake = asyncio.Event()
@@ -266,12 +218,7 @@ class ReferenceEngine:
         self.waiting.clear()
         # The pools go now, not when the last reference to the engine does: a client task or
         # a traceback that outlives the engine must not keep GiBs of device memory.
-        job, self.rebuild_job = self.rebuild_job, None
-        if job is not None:
-            job.ops.close()  # the pool being resized settles (its `finally`)
-            if not job.done.done():
-                job.done.set_result((503, {"status": "failed", "request_id": job.request_id,
-                                           "error": "engine closed during the rebuild"}))
+        self.rebuilds.close()
         for pool in self._pools().values():
             pool.close()
         self.memory.release_to_driver()
@@ -292,90 +239,19 @@ class ReferenceEngine:
     def max_seq_len(self) -> int:
         return min(self.config.max_seq_len, self.kv.num_pages * self.shape.page_size)
 
-    def limits_doc(self) -> dict[str, Any]:
-        budget = self.memory_model.cache_budget_bytes
-        u = self.units
-        return {
-            "kv_tokens": {"min": self.floors.kv_tokens, "max": budget // u.kv_per_token},
-            "moe_experts": {"min": self.floors.moe_slots,
-                            "max": min(self.shape.max_expert_slots, budget // u.moe_per_expert)},
-            "mamba_slots": {"min": self.floors.mamba_slots, "max": budget // u.mamba_per_slot},
-            "swa_tokens": {"min": 0, "max": 0},
-        }
+    # ---- documents (built by `engine.reference.documents`) ------------------------------
 
     def status_doc(self) -> dict[str, Any]:
-        g = self.geometry()
-        u = self.units
-        return {
-            "state": self.state,
-            "last_rebuild": self.last_rebuild,
-            "geometry": {
-                "num_pages": g.num_pages, "page_size": self.shape.page_size,
-                "moe_cache_size": g.moe_cache_size, "num_mamba_slots": g.num_mamba_slots,
-                "num_experts": self.shape.num_experts,
-                "num_moe_layers": self.shape.num_moe_layers, "moe_cache_policy": "lru",
-                "unit_bytes": {"kv_per_token": u.kv_per_token,
-                               "moe_per_expert": u.moe_per_expert,
-                               "mamba_per_slot": u.mamba_per_slot, "swa_per_token": 0},
-                "swa_full_tokens_ratio": 0.0, "swa_page_size": 0, "num_swa_pages": 0,
-                "cache_budget_bytes": self.memory_model.cache_budget_bytes,
-                "reasoning": None,
-                "limits": self.limits_doc(),
-            },
-            # Deliberate difference: ft serve has no such block. It tells a client how this
-            # engine executes a rebuild, so the planner prices it correctly.
-            "engine": {"name": REFERENCE_ENGINE_NAME, "version": VERSION,
-                       "rebuild_mode": self.config.rebuild_mode,
-                       "chunk_bytes": self.config.chunk_bytes,
-                       "pause_budget_s": self.config.rebuild_pause_budget_s,
-                       "device": str(self.device),
-                       "allocated_bytes": self.memory.allocated_bytes},
-        }
+        return documents.status_doc(self)
 
     def health_doc(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.config.served_model_name,
-                "instance_id": self.instance_id,
-                "uptime_s": int(self.clock() - self.started_s),
-                "maintenance": self.state, "version": VERSION}
-
-    def _decode_tps(self) -> float:
-        now = self.clock()
-        while self.token_times and self.token_times[0] < now - _TPS_WINDOW_S:
-            self.token_times.popleft()
-        if not self.token_times:
-            return 0.0
-        span = max(now - self.token_times[0], 1e-3)
-        return round(len(self.token_times) / span, 1)
+        return documents.health_doc(self)
 
     def stats_doc(self) -> dict[str, Any]:
-        durations = sorted(self.durations_ms)
-        p95 = durations[min(len(durations) - 1, math.ceil(0.95 * len(durations)) - 1)] if (
-            durations) else 0
-        ttft = int(sum(self.ttft_ms) / len(self.ttft_ms)) if self.ttft_ms else 0
-        return {
-            "instance_id": self.instance_id,
-            "model": {"id": self.config.served_model_name, "ctx": self.config.max_seq_len,
-                      "attn": "hybrid_linear", "moe": True, "sampling": {"temperature": 0.0}},
-            "uptime_s": int(self.clock() - self.started_s),
-            "kv": {"used_pages": self.kv.used_pages, "total_pages": self.kv.num_pages,
-                   "page_size": self.shape.page_size},
-            "mamba": {"used_slots": self.states.used_slots,
-                      "total_slots": self.states.num_slots},
-            "swa": None,
-            "vram_bytes": self.memory.allocated_bytes + self.weights_bytes,
-            "throughput": {"decode_tps": self._decode_tps(), "prefill_tps": 0.0},
-            "requests": {"active": len(self.running) + len(self.waiting),
-                         "completed": self.completed, "p95_ms": p95, "ttft_mean_ms": ttft,
-                         "prompt_tokens_total": self.prompt_tokens_total,
-                         "completion_tokens_total": self.completion_tokens_total},
-        }
+        return documents.stats_doc(self)
 
     def requests_doc(self, since: int | None, limit: int) -> dict[str, Any]:
-        total = self.ring_base + len(self.ring)
-        start = max(self.ring_base, since if since is not None else total - limit)
-        start = min(start, total)
-        entries = self.ring[start - self.ring_base: start - self.ring_base + limit]
-        return {"entries": entries, "next_cursor": start + len(entries)}
+        return self.served.requests_doc(since, limit)
 
     # ---- generation --------------------------------------------------------------------
 
@@ -462,35 +338,24 @@ class ReferenceEngine:
             self.kv.free_request(rid)
             self.states.release(rid)
         now = self.clock()
-        duration_ms = int(1000 * (now - run.started_s))
-        self.completed += 1
-        self.durations_ms.append(duration_ms)
-        ttft = None if run.first_token_s is None else int(1000 * (run.first_token_s -
-                                                                  run.started_s))
-        if ttft is not None:
-            self.ttft_ms.append(ttft)
-        self.prompt_tokens_total += len(run.decode.prompt_ids)
-        self.completion_tokens_total += run.decode.generated
-        self.ring.append({
-            "ts": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "method": "POST",
-            "path": run.path, "status": status, "model": self.config.served_model_name,
-            "duration_ms": duration_ms, "ttft_ms": ttft,
-            "prompt_tokens": len(run.decode.prompt_ids),
-            "completion_tokens": run.decode.generated, "stream": run.stream, "error": error})
-        if len(self.ring) > _RING:
-            del self.ring[0]
-            self.ring_base += 1
+        ttft_ms = None if run.first_token_s is None else int(1000 * (run.first_token_s -
+                                                                     run.started_s))
+        self.served.finished(
+            path=run.path, status=status, model=self.config.served_model_name,
+            duration_ms=int(1000 * (now - run.started_s)), ttft_ms=ttft_ms,
+            prompt_tokens=len(run.decode.prompt_ids), completion_tokens=run.decode.generated,
+            stream=run.stream, error=error)
         self._wake.set()
 
     def _page_ceiling(self) -> int:
         """Usable pages admission may fill: during a KV shrink, the target's."""
-        job = self.rebuild_job
+        job = self.rebuilds.job
         if job is not None and job.target.num_pages < self.kv.num_pages:
             return job.target.num_pages
         return self.kv.num_pages
 
     def _slot_ceiling(self) -> int:
-        job = self.rebuild_job
+        job = self.rebuilds.job
         if job is not None and job.target.num_mamba_slots < self.states.num_slots:
             return job.target.num_mamba_slots
         return self.states.num_slots
@@ -512,7 +377,7 @@ class ReferenceEngine:
         for rid, run in list(self.running.items()):
             token = self.model.decode_step(run.decode, self.kv, self.experts, self.states)
             now = self.clock()
-            self.token_times.append(now)
+            self.served.token(now)
             if run.first_token_s is None:
                 run.first_token_s = now
             run.tokens.put_nowait(token)
@@ -525,9 +390,9 @@ class ReferenceEngine:
     async def _scheduler(self) -> None:
         while True:
             self._admit()
-            if self.rebuild_job is not None:
-                self._advance_rebuild()
-            if not self.running and self.rebuild_job is None:
+            if self.rebuilds.job is not None:
+                self.rebuilds.advance(running=bool(self.running), waiting=bool(self.waiting))
+            if not self.running and self.rebuilds.job is None:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -566,9 +431,7 @@ class ReferenceEngine:
             # ft serve's scheduler answers `busy` with no error text (a full reply, 503).
             return self._finish(request_id, "busy", None, 503)
         loop = asyncio.get_running_loop()
-        job = _RebuildJob(request_id, live, target, self._ops(live, target, parsed),
-                          loop.create_future(), self.clock())
-        self.rebuild_job = job
+        job = self.rebuilds.begin(request_id, live, target, loop.create_future(), self.clock())
         self.state = "rebuilding"
         self._emit("rebuild_started", job)
         self._wake.set()
@@ -593,132 +456,20 @@ class ReferenceEngine:
         self.transitions[(self.config.rebuild_mode, status)] += 1
         return http_status, body
 
-    def _pools(self) -> dict[str, ExpertSlotPool | PagedKVPool | StatePool]:
+    def _pools(self) -> dict[str, Pool]:
         return {"moe": self.experts, "kv": self.kv, "mamba": self.states}
 
-    @staticmethod
-    def _size(g: Geometry, pool: str) -> int:
-        return {"moe": g.moe_cache_size, "kv": g.num_pages, "mamba": g.num_mamba_slots}[pool]
-
-    def _ops(self, live: Geometry, target: Geometry,
-             request: RebuildRequest) -> Generator[ChunkEvent | None, None, None]:
-        if self.config.rebuild_mode == "freetoken":
-            return self._freetoken_ops(live, target)
-        return self._incremental_ops(live, target)
-
-    def _incremental_ops(self, live: Geometry,
-                         target: Geometry) -> Generator[ChunkEvent, None, None]:
-        pools = self._pools()
-        changed = [p for p in ("moe", "kv", "mamba")
-                   if self._size(live, p) != self._size(target, p)]
-        shrinks = [p for p in changed if self._size(target, p) < self._size(live, p)]
-        for pool in shrinks + [p for p in changed if p not in shrinks]:
-            yield from pools[pool].resize_steps(self._size(target, pool))
-
-    def _freetoken_ops(self, live: Geometry, target: Geometry) -> Generator[None, None, None]:
-        # One blocking call, as ft serve's scheduler runs it: nothing interleaves.
-        pools = self._pools()
-        touched: list[str] = []
-        for pool in ("moe", "kv", "mamba"):
-            if self._size(live, pool) == self._size(target, pool):
-                continue
-            touched.append(pool)
-            try:
-                pools[pool].reallocate(self._size(target, pool))
-            except torch.OutOfMemoryError as exc:
-                oom = f"OutOfMemoryError({str(exc)!r})"
-                if pool != "moe":
-                    # #526: KV and mamba pools read their shape from the buffer they nulled.
-                    raise _Latched(f"{oom}; rollback to the prior geometry also failed: "
-                                   "AttributeError(\"'NoneType' object has no attribute "
-                                   "'shape'\")") from exc
-                for done in touched:
-                    pools[done].reallocate(self._size(live, done))
-                raise _RolledBack(f"rebuild failed and was rolled back: {oom}") from exc
-        yield None
-
-    def _advance_rebuild(self) -> None:
-        """Chunk operations for one scheduler round, at least one: up to the pause budget while
-        requests run or wait, up to `_IDLE_SLICE_S` when none do. Only a round with requests
-        running is recorded as a `RebuildPause`: theirs is the decode that waited."""
-        job = self.rebuild_job
-        assert job is not None
-        if self.config.rebuild_mode == "freetoken" and (self.running or self.waiting):
-            return  # requests admitted before the flip are served first
-        decoding = bool(self.running)
-        slice_s = (self.config.rebuild_pause_budget_s if decoding or self.waiting
-                   else _IDLE_SLICE_S)
-        began = time.perf_counter()
-        ops = nbytes = 0
-        while True:
-            op_bytes = self._rebuild_op(job)
-            if op_bytes is None:
-                break
-            ops += 1
-            nbytes += op_bytes
-            if time.perf_counter() - began >= slice_s:
-                break
-        if decoding:
-            pause = RebuildPause(ops, nbytes, time.perf_counter() - began)
-            self.rebuild_pauses.append(pause)
-            self._emit("rebuild_pause", pause)
-
-    def _rebuild_op(self, job: _RebuildJob) -> int | None:
-        """Run the rebuild's next operation: its bytes, or None once the rebuild has ended
-        (completed, rolled back or latched)."""
-        began = time.perf_counter()
-        try:
-            event = next(job.ops)
-        except StopIteration:
-            self._complete(job, "ok", None, 200)
-            return None
-        except _RolledBack as exc:
-            self._complete(job, "rejected", str(exc), 503)
-            return None
-        except _Latched as exc:
-            self._complete(job, "failed", str(exc), 503, latch=True)
-            return None
-        except torch.OutOfMemoryError as exc:
-            self._roll_back_incremental(job)
-            self._complete(job, "rejected",
-                           f"rebuild failed and was rolled back: OutOfMemoryError({str(exc)!r})",
-                           503)
-            return None
-        if event is None:  # freetoken's one blocking step
-            return 0
-        pause = ChunkPause(event.pool, event.op, time.perf_counter() - began)
-        self.chunk_pauses.append(pause)
-        self._emit("chunk", pause)
-        return event.nbytes
-
-    def _roll_back_incremental(self, job: _RebuildJob) -> None:
-        pools = self._pools()
-        live = self.geometry()
-        grown = [p for p in pools if self._size(live, p) > self._size(job.start, p)]
-        shrunk = [p for p in pools if self._size(live, p) < self._size(job.start, p)]
-        for pool in grown + shrunk:
-            for _ in pools[pool].resize_steps(self._size(job.start, pool)):
-                pass
-
-    def _complete(self, job: _RebuildJob, status: str, error: str | None, http_status: int,
-                  *, latch: bool = False) -> None:
-        self.rebuild_job = None
+    def _complete(self, job: RebuildJob, end: RebuildEnd) -> None:
+        """The runner's report that `job` ended: reply, and serve again (or stay latched)."""
         # The pools left freed chunks in torch's cache for the rebuild's next steps (pools.py).
         self.memory.release_to_driver()
-        self.state = "failed" if latch else "serving"
+        self.state = "failed" if end.latch else "serving"
         self._readmit_waiting()
-        result = self._finish(job.request_id, status, error, http_status)
-        self._emit("rebuild_finished", (job, status, self.clock() - job.started_s))
+        result = self._finish(job.request_id, end.status, end.error, end.http_status)
+        self._emit("rebuild_finished", (job, end.status, self.clock() - job.started_s))
         if not job.done.done():
             job.done.set_result(result)
-        log.info("rebuild finished", extra={"status": status, "mode": self.config.rebuild_mode,
+        log.info("rebuild finished", extra={"status": end.status,
+                                            "mode": self.config.rebuild_mode,
                                             "geometry": self.geometry().to_json()})
         self._wake.set()
-
-
-class _RolledBack(Exception):
-    pass
-
-
-class _Latched(Exception):
-    pass

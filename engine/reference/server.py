@@ -19,7 +19,7 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from engine.reference.metrics import EngineMetrics
 from engine.reference.runtime import AdmissionError, ReferenceEngine
 
-__all__ = ["ENGINE_KEY", "MAX_BODY_BYTES", "make_app", "serve"]
+__all__ = ["ENGINE_KEY", "MAX_BODY_BYTES", "make_app", "serve", "serving"]
 
 ENGINE_KEY = web.AppKey("engine", ReferenceEngine)
 METRICS_KEY = web.AppKey("metrics", EngineMetrics)
@@ -297,25 +297,36 @@ def make_app(engine: ReferenceEngine, *, api_key: str | None = None) -> web.Appl
     return app
 
 
-async def serve(engine: ReferenceEngine, *, host: str = "127.0.0.1", port: int = 1919,
-                api_key: str | None = None, stop: asyncio.Event | None = None,
-                on_ready: Callable[[int], None] | None = None) -> None:
-    """Serve until `stop` is set or SIGINT/SIGTERM arrives; `on_ready` gets the bound port."""
+@contextlib.asynccontextmanager
+async def serving(engine: ReferenceEngine, *, host: str = "127.0.0.1", port: int = 0,
+                  api_key: str | None = None,
+                  shutdown_timeout_s: float = 1.0) -> AsyncIterator[str]:
+    """The engine served on `host:port` (0: a free port) for the block; yields its base URL.
+
+    No signal handlers: the caller (a demo, a test, a bench) decides what stops it.
+    """
     runner = web.AppRunner(make_app(engine, api_key=api_key), handle_signals=False,
-                           shutdown_timeout=1.0)
+                           shutdown_timeout=shutdown_timeout_s)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        bound = sockets[0].getsockname()[1] if sockets else port
+        shown = f"[{host}]" if ":" in host else host  # an IPv6 literal needs brackets
+        yield f"http://{shown}:{runner.addresses[0][1]}"
+    finally:
+        await asyncio.shield(runner.cleanup())
+
+
+async def serve(engine: ReferenceEngine, *, host: str = "127.0.0.1", port: int = 1919,
+                api_key: str | None = None, stop: asyncio.Event | None = None,
+                on_ready: Callable[[int], None] | None = None) -> None:
+    """Serve until `stop` is set or SIGINT/SIGTERM arrives; `on_ready` gets the bound port."""
+    async with serving(engine, host=host, port=port, api_key=api_key) as url:
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
         if on_ready is not None:
-            on_ready(bound)
+            on_ready(int(url.rsplit(":", 1)[1]))
         await stop.wait()
-    finally:
-        await asyncio.shield(runner.cleanup())

@@ -20,8 +20,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from engine.ftserve.fields import DocumentError
 from engine.ftserve.geometry import CacheStatus
-from engine.ftserve.wire import Health, RebuildOutcome, RequestLog, Stats, WireError
+from engine.ftserve.wire import Health, RebuildOutcome, RequestLog, Stats
 from ladder.client import (
     BadResponse,
     ClientError,
@@ -361,7 +362,7 @@ async def test_parse_errors_are_bad_response_naming_path_and_field(
     with pytest.raises(BadResponse, match=r"kv\.total_pages") as info:
         await client.stats()
     assert info.value.path == "/v1/stats"
-    assert isinstance(info.value.__cause__, WireError)
+    assert isinstance(info.value.__cause__, DocumentError)
     with pytest.raises(BadResponse, match=r"geometry\.unit_bytes\.kv_per_token") as info:
         await client.cache_status()
     assert info.value.path == "/v1/cache/status"
@@ -431,7 +432,7 @@ async def test_rebuild_keeps_callers_timeout_and_mode(
 async def test_rebuild_refuses_a_key_the_server_would_ignore(
     engine: Engine, client: FtServeClient
 ) -> None:
-    with pytest.raises(WireError, match="num_mamba_slots"):
+    with pytest.raises(DocumentError, match="num_mamba_slots"):
         await client.rebuild({"mamba_slots": 12})
     assert engine.script.seen == []
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,20 +19,27 @@ from ladder.config import (
     ConfigError,
     ControlConfig,
     DaemonConfig,
-    LadderConfig,
     ListenConfig,
-    LogConfig,
-    SafeguardConfig,
     ServerConfig,
     cli_overrides,
+    config_keys,
     env_name,
     explain,
+    flagged_keys,
     load,
     load_toml,
     merge,
-    parse_hostport,
+    reference_tables,
     to_json,
 )
+from ladder.controller import ControlSettings
+from ladder.daemon import build_daemon
+from ladder.executor import ApplySettings
+from ladder.knobs import Knob
+from ladder.logs import LogSettings
+from ladder.parsers import parse_hostport
+from ladder.rungs import LadderSpec
+from ladder.safeguards import SafeguardSettings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -62,18 +70,53 @@ def test_nothing_given_is_one_default_server_and_every_source_is_default() -> No
     assert config.sources["servers[0].ladder.kv_floor_tokens"] == "default"
 
 
-def test_every_leaf_knows_how_to_parse_itself() -> None:
-    for cls in (LadderConfig, ServerConfig, SafeguardConfig, ControlConfig, ListenConfig,
-                LogConfig):
-        for f in dataclasses.fields(cls):
-            if f.name not in ("ladder", "policy_options"):
-                assert "parse" in f.metadata, f"{cls.__name__}.{f.name}"
+TABLES = (ServerConfig, LadderSpec, SafeguardSettings, ControlConfig, ListenConfig, LogSettings)
+
+
+def test_every_key_knows_how_to_parse_itself_and_what_it_means() -> None:
+    for cls in TABLES:
+        for name, key in config_keys(cls).items():
+            if name not in ("ladder", "policy_options"):
+                assert isinstance(key.spec, Knob), f"{cls.__name__}.{name}"
+                assert key.spec.meaning.endswith("."), f"{cls.__name__}.{name}"
+
+
+def test_the_config_tree_is_made_of_the_runtime_settings_types() -> None:
+    # No mirror to drift: the objects the merge builds are the ones the daemon runs on.
+    config = merge()
+    assert isinstance(config.servers[0].ladder, LadderSpec)
+    assert isinstance(config.safeguards, SafeguardSettings)
+    assert isinstance(config.control.loop, ControlSettings)
+    assert isinstance(config.control.apply, ApplySettings)
+    assert isinstance(config.log, LogSettings)
+    assert config.control.apply == ApplySettings() and config.safeguards == SafeguardSettings()
+
+
+async def test_the_daemon_runs_on_the_configs_objects() -> None:
+    config = merge({"servers": [{"ladder": {"kv_floor_tokens": 512, "fixed_bytes": "1GiB"}}],
+                    "safeguards": {"reads_to_recover": 4}, "control": {"busy_retries": 3},
+                    "log": {"repeat_s": 9}})
+    async with aiohttp.ClientSession() as session:
+        (controller,) = build_daemon(config, session).controllers
+    assert controller.spec is config.servers[0].ladder
+    assert controller.safeguards.settings is config.safeguards
+    assert controller.settings is config.control.loop
+    assert controller.apply_settings.busy_retries == 3
+    assert controller.apply_settings.fixed_bytes == 1 << 30  # priced with the server's budget
+
+
+def test_reads_to_recover_is_a_key() -> None:
+    assert merge().safeguards.reads_to_recover == 2
+    assert merge({"safeguards": {"reads_to_recover": 4}}).safeguards.reads_to_recover == 4
+    env = {"LADDER_SAFEGUARDS__READS_TO_RECOVER": "5"}
+    assert merge({}, env).safeguards.reads_to_recover == 5
+    assert error_of({"safeguards": {"reads_to_recover": 0}}).key == "safeguards.reads_to_recover"
 
 
 def test_config_objects_are_frozen() -> None:
     config = merge()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.control.poll_s = 1.0  # type: ignore[misc]
+        config.control.loop.poll_s = 1.0  # type: ignore[misc]
 
 
 # ------------------------------------------------------------------------------ precedence
@@ -102,6 +145,19 @@ def _nest(doc: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None:
     for key in rest[:-1]:
         table = table.setdefault(str(key), {})
     table[str(rest[-1])] = value
+
+
+def _value(node: Any, path: tuple[str | int, ...]) -> Any:
+    """The value at a key path, through the flat tables ([control] is two objects)."""
+    for part in path:
+        if isinstance(part, int):
+            node = node[part]
+        elif part == "servers":
+            node = node.servers
+        else:
+            for attr in config_keys(type(node))[part].attrs:
+                node = getattr(node, attr)
+    return node
 
 
 def _label(path: tuple[str | int, ...]) -> str:
@@ -134,14 +190,8 @@ def test_the_highest_layer_that_sets_a_key_wins(data: st.DataObject) -> None:
             expected[path] = winner
     config = merge(doc, env, cli)
     for path, _ in FIELDS:
-        node: Any = config
-        for part in path:
-            node = node[part] if isinstance(part, int) else getattr(node, part)
-        default: Any = DaemonConfig()
-        for part in path:
-            default = default[part] if isinstance(part, int) else getattr(default, part)
-        want, source = expected.get(path, (default, "default"))
-        assert node == want, path
+        want, source = expected.get(path, (_value(DaemonConfig(), path), "default"))
+        assert _value(config, path) == want, path
         assert config.sources[_label(path)] == source
 
 
@@ -182,7 +232,7 @@ def test_cli_overrides_maps_flags_to_paths() -> None:
 
 def test_none_in_the_cli_layer_means_not_given() -> None:
     config = merge({"control": {"poll_s": 7}}, {}, {"control.poll_s": None})
-    assert config.control.poll_s == 7.0
+    assert config.control.loop.poll_s == 7.0
 
 
 # ------------------------------------------------------------------------------ env parsing
@@ -210,7 +260,7 @@ def test_env_values_are_parsed_by_the_target_fields_type() -> None:
     s, server = config.safeguards, config.servers[0]
     assert (s.cooldown_s, s.down_tolerance, s.breaker_failures) == (30.0, 0.25, 7)
     assert isinstance(s.cooldown_s, float) and isinstance(s.breaker_failures, int)
-    assert config.control.poll_s == 1.0 and config.listen.port == 9200
+    assert config.control.loop.poll_s == 1.0 and config.listen.port == 9200
     assert config.log.format == "json"
     assert server.ladder.kv_floor_tokens == 65536 and server.ladder.kv_max_tokens == 1 << 20
     assert server.ladder.reserve_bytes == 512 * 1024**2 and server.ladder.mamba_slots == 4
@@ -394,13 +444,10 @@ def test_example_maps_onto_ladder_spec_and_apply_settings(tmp_path: Path) -> Non
     path = tmp_path / "ladder.toml"
     path.write_text(example_toml())
     config = load(path, {"FT_GPU1_KEY": "k"})
-    ladder = config.servers[0].ladder
-    spec = ladder.to_spec()
-    assert (spec.kv_floor_tokens, spec.spacing, spec.kv_step_ratio) == (
-        ladder.kv_floor_tokens, ladder.spacing, ladder.kv_step_ratio)
-    settings = config.control.apply_settings(ladder)
-    assert settings.fixed_bytes == ladder.fixed_bytes
-    assert settings.rebuild_wait_s == config.control.rebuild_wait_s
+    spec = config.servers[0].ladder
+    assert (spec.kv_floor_tokens, spec.spacing, spec.kv_step_ratio, spec.fixed_bytes) == (
+        4096, "geometric", 1.5, 1536 << 20)
+    assert config.control.apply.rebuild_wait_s == 300.0 and config.control.loop.poll_s == 2.0
 
 
 def test_load_without_a_file_is_merge(tmp_path: Path) -> None:
@@ -466,20 +513,27 @@ def test_explain_annotates_every_key_with_its_source() -> None:
     assert by_key["safeguards.cooldown_s"].endswith("# default")
     assert by_key["servers[1].api_key"].endswith("# env B_KEY (via api_key_env)")
     assert '"***"' in by_key["listen.token"]
-    leaf_count = sum(len(dataclasses.fields(c)) for c in (
-        SafeguardConfig, ControlConfig, ListenConfig, LogConfig))
+    leaf_count = sum(len(config_keys(c)) for c in (
+        SafeguardSettings, ControlConfig, ListenConfig, LogSettings))
     assert len([k for k in by_key if not k.startswith("servers")]) == leaf_count
 
 
-def test_docs_name_every_key() -> None:
+@pytest.mark.parametrize(("table", "markdown"), list(reference_tables().items()),
+                         ids=list(reference_tables()))
+def test_docs_key_tables_are_the_declarations(table: str, markdown: str) -> None:
+    """Each key's name, default and meaning in docs/config.md is what its knob declares: a key
+    added, renamed or with a new default fails here until the page says so (the message is
+    the table to paste)."""
+    assert markdown in DOCS.read_text(), f"docs/config.md's {table} table should read:\n" + (
+        markdown)
+
+
+def test_docs_flag_table_names_every_flag_with_its_key() -> None:
     text = DOCS.read_text()
-    for cls, prefix in ((LadderConfig, "ladder."), (ServerConfig, ""),
-                        (SafeguardConfig, "safeguards."), (ControlConfig, "control."),
-                        (ListenConfig, "listen."), (LogConfig, "log.")):
-        for f in dataclasses.fields(cls):
-            if f.name == "ladder":  # a table, documented as [servers.ladder]
-                continue
-            assert f"`{prefix}{f.name}`" in text, f"docs/config.md lacks `{prefix}{f.name}`"
+    rows = [line for line in text.splitlines() if line.startswith("| `--")]
+    for path, flag in flagged_keys():
+        assert any(f"`{flag}" in row and re.search(rf"[.`]{path[-1]}`", row) for row in rows), (
+            flag, path)
 
 
 @pytest.mark.parametrize(("given", "url"), [

@@ -8,7 +8,6 @@ two agentic turns waited for pages a step down had just taken away).
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ from ladder.config import merge
 from ladder.controller import TransitionRecord, transition_cost_s
 from ladder.daemon import build_daemon
 from ladder.demo import demo_engine_config
-from tests.engine.reference.test_server import words
+from ladder.tokenizer_file import write_reference_tokenizer
+from tests.kit.prompts import words
 
 
 async def _complete(session: aiohttp.ClientSession, url: str, prompt_words: int,
@@ -40,7 +40,7 @@ async def test_a_request_queued_inside_the_server_keeps_its_rung(
     engine = ReferenceEngine(replace(demo_engine_config(), max_running_requests=1))
     engine_url = str((await aiohttp_server(make_app(engine))).make_url("")).rstrip("/")
     tokenizer = tmp_path / "tokenizer.json"
-    tokenizer.write_text(json.dumps({"kind": "moe-ladder-reference", "vocab_size": 4096}))
+    write_reference_tokenizer(tokenizer, 4096)
     config = merge({
         # gate_listen makes build_daemon build the gate; the test serves its app itself.
         "servers": [{"name": "s", "url": engine_url, "gate_listen": "127.0.0.1:9",

@@ -1,32 +1,32 @@
 """One test per fault kind: what `apply_target` (and the controller) must do, over real HTTP.
 
 The reference engine runs in `freetoken` mode (ft serve's order, idle-only rebuilds) behind
-`ladder.faults.FaultProxy`; every test ends with the invariants the proxy witnessed: no risky
+`tests.kit.faults.FaultProxy`; every test ends with the invariants the proxy witnessed: no risky
 call, no grow before the shrink was read back, no wedge, and the executor never raising.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from engine.ftserve.geometry import Geometry
 from engine.reference.runtime import ReferenceEngine
 from engine.reference.scenarios import report_config
-from engine.reference.server import make_app
 from ladder.client import FtServeClient
 from ladder.clock import VirtualClock
 from ladder.controller import ServerController
 from ladder.executor import ApplyResult, ApplySettings, apply_target
-from ladder.faults import FaultProxy, FaultSettings, price_call
 from ladder.rungs import LadderSpec
 from ladder.safeguards import Safeguards, SafeguardSettings
 from policies.pinned import Pinned
+from tests.kit.faults import FaultProxy, FaultSettings, price_call
+from tests.kit.serving import EngineFleet
 
 SETTINGS = ApplySettings(poll_s=0.5, backoff_base_s=0.5, backoff_max_s=4, idle_wait_s=60,
                          settle_wait_s=60, rebuild_wait_s=0.6)
@@ -39,7 +39,11 @@ class Rig:
     proxy: FaultProxy
     client: FtServeClient
     clock: VirtualClock
-    engines: list[ReferenceEngine]
+    fleet: EngineFleet
+
+    @property
+    def engines(self) -> list[ReferenceEngine]:
+        return self.fleet.engines
 
     def target(self) -> Geometry:
         # The report's first transition: MoE x2 with KV / 4, which needs two calls.
@@ -54,56 +58,28 @@ class Rig:
         assert self.proxy.risky_calls() == [], self.proxy.report()
         assert self.proxy.unconfirmed_grows() == [], self.proxy.report()
         assert self.proxy.wedges == 0
-        assert all(e.state != "failed" for e in self.engines)
+        assert self.fleet.latched() == 0
         assert self.proxy.max_in_window(self.proxy.rebuild_times_s, 1.0) <= 6
-
-
-async def _serve(engine: ReferenceEngine) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(make_app(engine), shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Callable[..., Any]]:
-    runners: list[web.AppRunner] = []
-    closers: list[Any] = []
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def build(settings: FaultSettings | None = None) -> Rig:
-        engines: list[ReferenceEngine] = []
+        async def build(settings: FaultSettings | None = None) -> Rig:
+            fleet = await stack.enter_async_context(EngineFleet(report_config("freetoken")))
+            url = await fleet.start()
+            clock = VirtualClock()
+            proxy = FaultProxy(url, clock=clock, settings=settings or FaultSettings(
+                hang_wall_s=CLIENT_TIMEOUT_S + SETTINGS.rebuild_wait_s + 0.3),
+                restart=fleet.restart)
+            client = FtServeClient(await proxy.start(), timeout_s=CLIENT_TIMEOUT_S)
+            await client.__aenter__()
+            stack.push_async_callback(proxy.close)
+            stack.push_async_callback(client.aclose)
+            return Rig(fleet.engines[0], proxy, client, clock, fleet)
 
-        async def start_engine(config: Any) -> str:
-            engine = ReferenceEngine(config)
-            engines.append(engine)
-            runner, url = await _serve(engine)
-            runners.append(runner)
-            return url
-
-        base = report_config("freetoken")
-        url = await start_engine(base)
-
-        async def restart() -> str:
-            # A different geometry (half the KV), as another serve script would start.
-            g = engines[-1].geometry()
-            return await start_engine(dataclasses.replace(
-                base, num_pages=max(1, g.num_pages // 2), moe_cache_size=g.moe_cache_size))
-
-        clock = VirtualClock()
-        proxy = FaultProxy(url, clock=clock, settings=settings or FaultSettings(
-            hang_wall_s=CLIENT_TIMEOUT_S + SETTINGS.rebuild_wait_s + 0.3), restart=restart)
-        client = FtServeClient(await proxy.start(), timeout_s=CLIENT_TIMEOUT_S)
-        await client.__aenter__()
-        closers.extend([client.aclose, proxy.close])
-        return Rig(engines[0], proxy, client, clock, engines)
-
-    yield build
-    for close in reversed(closers):
-        await close()
-    for runner in runners:
-        await runner.cleanup()
+        yield build
 
 
 async def test_virtual_clock_advances_with_two_concurrent_sleepers() -> None:

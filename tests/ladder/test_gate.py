@@ -20,7 +20,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from engine.ftserve.wire import RequestEntry
 from ladder.gate import ChangeNotifier, Gate, GateSettings, _is_loopback
-from ladder.sizing import TokenBound, size_request
+from ladder.sizing import size_request
+from ladder.token_bound import TokenBound
 
 REBUILD_503 = {"error": {"message": "server unavailable: cache rebuild in progress",
                          "type": "server_error"}}

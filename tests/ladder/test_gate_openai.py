@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from engine.reference.runtime import EngineConfig, ReferenceEngine
 from engine.reference.server import make_app
 from ladder.gate import Gate, GateSettings
-from tests.engine.reference.test_server import assert_openai_stream, small_config, sse, words
+from tests.engine.reference.test_server import assert_openai_stream, small_config, sse
+from tests.kit.prompts import words
 from tests.ladder.test_gate import StepController
 
 GateClient = TestClient[web.Request, web.Application]

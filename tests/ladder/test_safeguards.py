@@ -214,7 +214,7 @@ ops = st.lists(st.one_of(
 settings_st = st.builds(
     SafeguardSettings, cooldown_s=st.floats(0, 120), min_dwell_s=st.floats(0, 240),
     down_tolerance=st.floats(0, 0.5), max_transitions_per_hour=st.integers(1, 12),
-    backoff_base_s=st.floats(0, 20), backoff_max_s=st.floats(0, 300),
+    backoff_base_s=st.floats(0, 20), backoff_max_s=st.floats(20, 300),
     breaker_failures=st.integers(1, 5), breaker_open_s=st.floats(0, 900),
     fallback_after_failed_reads=st.integers(1, 3), reads_to_recover=st.integers(1, 3))
 

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ladder.demo import _free_port
-from tests.engine.reference.test_server import words
+from ladder.demo import free_port
+from tests.kit.prompts import words
 from tests.ladder.test_daemon import wait_for
 
 
@@ -38,7 +38,7 @@ async def _line(proc: asyncio.subprocess.Process, pattern: str) -> re.Match[str]
 
 @pytest.mark.timeout(180)
 async def test_the_report_scenario_steered_as_its_banner_says_steps_up_and_down() -> None:
-    engine_port, gate_port = _free_port(), _free_port()
+    engine_port, gate_port = free_port(), free_port()
     engine = await _spawn("engine", "--scenario", "report", "--port", str(engine_port))
     procs = [engine]
     try:

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.ftserve.geometry import Geometry, StatusError, parse_cache_status
+from engine.ftserve.fields import DocumentError
+from engine.ftserve.geometry import Geometry, parse_cache_status
 from tests.conftest import FIXTURES, load_fixture
 
 CAPTURED = sorted((FIXTURES / "freetoken-0.1.2").glob("*cache_status*.json"))
@@ -117,7 +118,7 @@ def _broken(path: tuple[str, ...], value: Any) -> Any:
 def test_broken_documents_name_the_field(
     path: tuple[str, ...], value: Any, field: str, words: str
 ) -> None:
-    with pytest.raises(StatusError) as info:
+    with pytest.raises(DocumentError) as info:
         parse_cache_status(_broken(path, value))
     assert info.value.field == field
     assert words in str(info.value)
@@ -131,7 +132,7 @@ def test_unknown_unit_cost_is_fine_for_an_absent_pool() -> None:
 
 
 def test_not_an_object() -> None:
-    with pytest.raises(StatusError, match="document"):
+    with pytest.raises(DocumentError, match="document"):
         parse_cache_status([1, 2])
 
 
@@ -144,8 +145,8 @@ _json = st.recursive(
 
 
 @given(doc=_json)
-def test_fuzz_arbitrary_json_only_raises_status_error(doc: Any) -> None:
-    with contextlib.suppress(StatusError):
+def test_fuzz_arbitrary_json_only_raises_document_error(doc: Any) -> None:
+    with contextlib.suppress(DocumentError):
         parse_cache_status(doc)
 
 
@@ -157,5 +158,5 @@ def test_fuzz_one_field_replaced(key: str, value: Any) -> None:
     doc = _broken(("geometry", key), value)
     try:
         parse_cache_status(doc)
-    except StatusError as exc:
+    except DocumentError as exc:
         assert exc.field.startswith("geometry")

@@ -1,7 +1,8 @@
 """The planner, checked against a small independent simulator of the engines' execution order.
 
 The simulator below re-derives physical bytes and the order of frees and allocations from
-ftserve-control-plane.md §2.2 on its own; it shares no code with `engine.ftserve.planner`.
+ft serve's order (README, "How a transition is priced") on its own; it shares no code with
+`engine.ftserve.planner`.
 """
 
 from __future__ import annotations

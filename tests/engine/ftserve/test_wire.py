@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.ftserve.geometry import StatusError, parse_cache_status
+from engine.ftserve.fields import DocumentError
+from engine.ftserve.geometry import parse_cache_status
 from engine.ftserve.wire import (
     REBUILD_REQUEST_KEYS,
     Health,
     RebuildOutcome,
-    WireError,
     build_rebuild_body,
     classify_rebuild,
     parse_health,
@@ -151,7 +151,7 @@ def test_health_ok_without_maintenance_is_unknown_not_serving() -> None:
     ],
 )
 def test_health_errors_name_the_field(doc: Any, field: str) -> None:
-    with pytest.raises(WireError) as info:
+    with pytest.raises(DocumentError) as info:
         parse_health(doc)
     assert info.value.field == field
 
@@ -246,7 +246,7 @@ def test_stats_missing_sections_are_unknown() -> None:
     ],
 )
 def test_stats_errors_name_the_field(doc: Any, field: str) -> None:
-    with pytest.raises(WireError) as info:
+    with pytest.raises(DocumentError) as info:
         parse_stats(doc)
     assert info.value.field == field
 
@@ -280,10 +280,10 @@ def test_requests_page_after_a_cursor() -> None:
 def test_requests_errors_name_the_entry() -> None:
     doc = _doc("requests.final.json")
     del doc["entries"][3]["status"]
-    with pytest.raises(WireError) as info:
+    with pytest.raises(DocumentError) as info:
         parse_requests(doc)
     assert info.value.field == "entries[3].status"
-    with pytest.raises(WireError) as info:
+    with pytest.raises(DocumentError) as info:
         parse_requests({"entries": "none", "next_cursor": 0})
     assert info.value.field == "entries"
 
@@ -373,11 +373,11 @@ def test_mamba_slots_spelling_differs_between_request_and_reply() -> None:
     assert reply.geometry().num_mamba_slots == 12
     # A reply spelled like the request is not a reply.
     doc["num_mamba_slots"] = doc.pop("mamba_slots")
-    with pytest.raises(WireError) as info:
+    with pytest.raises(DocumentError) as info:
         parse_rebuild_reply(doc)
     assert info.value.field == "mamba_slots"
     # And a request spelled like the reply would be silently ignored by FastAPI.
-    with pytest.raises(WireError, match="num_mamba_slots") as req_info:
+    with pytest.raises(DocumentError, match="num_mamba_slots") as req_info:
         build_rebuild_body({"mamba_slots": 12}, wait_s=1.0)
     assert req_info.value.field == "mamba_slots"
 
@@ -437,7 +437,7 @@ def test_noop_empty_body_is_ok() -> None:
     assert _classify("rebuild.noop_empty_body.json").kind == "ok"
 
 
-# Bodies documented in ftserve-control-plane.md §1.4 / §6 but not captured from 0.1.2.
+# Bodies of ft serve's documented control API that the 0.1.2 capture does not hold.
 _FAILED_REPLY = {
     "request_id": "r-1",
     "status": "failed",
@@ -528,7 +528,7 @@ def test_build_rebuild_body_adds_timeout_and_mode_only_when_absent() -> None:
     ],
 )
 def test_build_rebuild_body_refuses(body: dict[str, Any], wait_s: float, field: str) -> None:
-    with pytest.raises(WireError) as info:
+    with pytest.raises(DocumentError) as info:
         build_rebuild_body(body, wait_s=wait_s)
     assert info.value.field == field
 
@@ -607,21 +607,21 @@ WIRE_PARSERS: list[tuple[Callable[[Any], Any], list[str]]] = [
     ("parser", "names"), WIRE_PARSERS, ids=[p.__name__ for p, _ in WIRE_PARSERS]
 )
 @given(data=st.data())
-def test_wire_parsers_raise_only_wire_error(
+def test_wire_parsers_raise_only_document_error(
     parser: Callable[[Any], Any], names: list[str], data: st.DataObject
 ) -> None:
     doc = data.draw(json_values | keyed_objects | mutated_capture(names))
     try:
         parser(doc)
-    except WireError as exc:
+    except DocumentError as exc:
         assert exc.field
 
 
 @given(doc=json_values | keyed_objects | mutated_capture(STATUS_FILES))
-def test_status_parser_raises_only_status_error(doc: Any) -> None:
+def test_status_parser_raises_only_document_error(doc: Any) -> None:
     try:
         parse_cache_status(doc)
-    except StatusError as exc:
+    except DocumentError as exc:
         assert exc.field
 
 
@@ -640,10 +640,10 @@ def test_classify_rebuild_never_raises(http_status: int, body: Any) -> None:
     body=st.dictionaries(st.sampled_from(sorted(REBUILD_REQUEST_KEYS)) | st.text(), json_values),
     wait_s=st.floats(allow_nan=True, allow_infinity=True),
 )
-def test_build_rebuild_body_raises_only_wire_error(body: dict[str, Any], wait_s: float) -> None:
+def test_build_rebuild_body_raises_only_document_error(body: dict[str, Any], wait_s: float) -> None:
     try:
         payload = build_rebuild_body(body, wait_s=wait_s)
-    except WireError:
+    except DocumentError:
         return
     assert payload["mode"] == body.get("mode", "if_idle")
     json.dumps(payload, allow_nan=False)

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from engine.reference import runtime
+from engine.reference import rebuild
 from engine.reference.runtime import EngineConfig, ReferenceEngine
 from engine.reference.server import make_app
 from tests.engine.reference.test_server import MakeClient, small_config
@@ -72,13 +72,13 @@ async def test_budget_zero_runs_one_chunk_operation_a_round() -> None:
     finally:
         await engine.close()
     assert status == 200 and still_running
-    ops = len(engine.chunk_pauses)
+    ops = len(engine.rebuilds.chunk_pauses)
     assert ops >= 20
-    assert [p.ops for p in engine.rebuild_pauses if p.ops] == [1] * ops
+    assert [p.ops for p in engine.rebuilds.rebuild_pauses if p.ops] == [1] * ops
     # The round that finds the operations exhausted completes the rebuild; decode waits for
     # that too (the pools return freed chunks to the driver), so it is recorded.
-    assert [p.ops for p in engine.rebuild_pauses if not p.ops] == [0]
-    assert sum(p.nbytes for p in engine.rebuild_pauses) > 0
+    assert [p.ops for p in engine.rebuilds.rebuild_pauses if not p.ops] == [0]
+    assert sum(p.nbytes for p in engine.rebuilds.rebuild_pauses) > 0
 
 
 async def test_a_large_budget_finishes_a_rebuild_in_one_or_two_decode_rounds() -> None:
@@ -89,9 +89,9 @@ async def test_a_large_budget_finishes_a_rebuild_in_one_or_two_decode_rounds() -
     finally:
         await engine.close()
     assert status == 200 and still_running
-    assert len(engine.chunk_pauses) >= 20
-    assert 1 <= len(engine.rebuild_pauses) <= 2
-    assert sum(p.ops for p in engine.rebuild_pauses) == len(engine.chunk_pauses)
+    assert len(engine.rebuilds.chunk_pauses) >= 20
+    assert 1 <= len(engine.rebuilds.rebuild_pauses) <= 2
+    assert sum(p.ops for p in engine.rebuilds.rebuild_pauses) == len(engine.rebuilds.chunk_pauses)
 
 
 @pytest.mark.parametrize("budget_s", [0.0, 0.002, 10.0])
@@ -130,30 +130,30 @@ async def test_an_idle_rebuild_runs_through_many_chunks_and_records_no_round() -
     assert status == 200 and body["status"] == "ok"
     assert (geometry.moe_cache_size, geometry.num_pages) == (TARGET["moe_cache_size"],
                                                             TARGET["num_pages"])
-    assert len(engine.chunk_pauses) >= 20
-    assert not engine.rebuild_pauses  # no request was running: no one waited
+    assert len(engine.rebuilds.chunk_pauses) >= 20
+    assert not engine.rebuilds.rebuild_pauses  # no request was running: no one waited
     assert len(served) == 4
 
 
 async def test_an_idle_rebuild_yields_to_the_event_loop_between_slices(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A zero slice makes each operation its own slice, so the yields are countable.
-    monkeypatch.setattr(runtime, "_IDLE_SLICE_S", 0.0)
+    monkeypatch.setattr(rebuild, "_IDLE_SLICE_S", 0.0)
     engine = ReferenceEngine(config(0.0))
     await engine.start()
     seen_ops: set[int] = set()
     try:
-        rebuild = asyncio.create_task(engine.rebuild({**TARGET, "timeout": 60}))
-        while not rebuild.done():
-            seen_ops.add(len(engine.chunk_pauses))
+        task = asyncio.create_task(engine.rebuild({**TARGET, "timeout": 60}))
+        while not task.done():
+            seen_ops.add(len(engine.rebuilds.chunk_pauses))
             await asyncio.sleep(0)
-        status, _ = await rebuild
+        status, _ = await task
     finally:
         await engine.close()
     assert status == 200
-    assert len(engine.chunk_pauses) >= 20
+    assert len(engine.rebuilds.chunk_pauses) >= 20
     # Another task ran between the operations, not only before and after the rebuild.
-    assert len(seen_ops) > len(engine.chunk_pauses) // 2
+    assert len(seen_ops) > len(engine.rebuilds.chunk_pauses) // 2
 
 
 async def test_pauses_are_on_metrics_and_the_budget_on_status(
@@ -171,7 +171,7 @@ async def test_pauses_are_on_metrics_and_the_budget_on_status(
     text = await (await client.get("/metrics")).text()
     count = next(line for line in text.splitlines()
                  if line.startswith("reference_engine_rebuild_pause_seconds_count"))
-    assert float(count.split()[-1]) == len(engine.rebuild_pauses) >= 1
+    assert float(count.split()[-1]) == len(engine.rebuilds.rebuild_pauses) >= 1
     assert (await task).status == 200
 
 

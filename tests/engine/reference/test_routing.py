@@ -80,7 +80,7 @@ def test_warmup_tokens_are_not_counted() -> None:
 
 
 def test_preset_a_temporal_locality() -> None:
-    # §2.2 (imp PR 1359): 45 % repeat at the next token, 80 % within 8, median distance 2.
+    # Measured in imp PR 1359: 45 % repeat at the next token, 80 % within 8, median distance 2.
     choices = Router(PRESET_A, 4, seed=5).stream(6).take(2000)
     stats = measure_locality(choices, PRESET_A.num_experts, horizon=8)
     assert stats.repeat_next == pytest.approx(0.45, abs=0.1)
@@ -95,7 +95,7 @@ def test_preset_c_has_weaker_locality_than_a() -> None:
 
 
 def test_preset_b_static_skew_is_weak() -> None:
-    # §2.2: a static top-32 (6 %) list learned on one workload covers ~10 % of another's.
+    # Measured: a static top-32 (6 %) list learned on one workload covers ~10 % of another's.
     router = Router(PRESET_B, 2, seed=1)
     learn, other = router.stream(10).take(1000), router.stream(11).take(1000)
     for layer in range(2):

@@ -19,6 +19,7 @@ from engine.reference.runtime import EngineConfig, RebuildMode, ReferenceEngine
 from engine.reference.scenarios import report_config
 from engine.reference.server import make_app
 from tests.conftest import FIXTURES
+from tests.kit.prompts import words
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[..., Any]
@@ -48,10 +49,6 @@ def serve(aiohttp_client: MakeClient) -> Callable[..., Any]:
         return engine, client
 
     return start
-
-
-def words(n: int, offset: int = 0) -> str:
-    return " ".join(f"w{(i * 7 + offset) % 4000}" for i in range(n))
 
 
 async def complete(client: Client, prompt: str, max_tokens: int, **extra: Any) -> Any:
@@ -437,7 +434,7 @@ async def test_resize_while_decoding_keeps_the_output(serve: Any) -> None:
     body = await task_a
     ours = engine.tokenizer.encode(body["choices"][0]["text"])
     assert ours == expected
-    assert engine.chunk_pauses  # decode ran between chunk operations
+    assert engine.rebuilds.chunk_pauses  # decode ran between chunk operations
 
 
 
@@ -464,7 +461,7 @@ async def test_close_mid_rebuild_frees_every_pool_byte(serve: Any) -> None:
         await asyncio.sleep(0.001)
     rebuild = asyncio.create_task(client.post("/v1/cache/rebuild",
                                               json={"moe_cache_size": 64, "num_pages": 40}))
-    while not engine.chunk_pauses:
+    while not engine.rebuilds.chunk_pauses:
         await asyncio.sleep(0.001)
     await engine.close()
     # A traceback or a client task may outlive the engine; its device memory must not.

@@ -1,14 +1,15 @@
-"""Every rung-to-rung transition on real geometries: does one `ft serve` call survive it, and
+"""Every ordered pair of rungs on four geometries: does one `ft serve` call survive it, and
 does moe-ladder's plan?
 
 Why: ft serve resizes MoE, then KV, then mamba inside one rebuild call, each pool freeing only
-itself, and its fit-check prices only the final geometry (ftserve-control-plane.md §2). A ladder
-is only worth having if every transition between its rungs is safe on a nearly full card, so
-this bench takes four geometries (the motivating report's RTX 5080 and three built from the
-published figures, bench/geometries/*.json, each with a `_note` citing its sources), builds the
-ladder with the budget filled to 90, 95, 99 and 100 %, and prices every ordered rung pair with
-the real parser, ladder builder and planner; then it runs a sample of the same transitions on
-the reference engine with real allocations, over loopback HTTP, in both rebuild modes.
+itself, and its fit-check prices only the final geometry (README, "How a transition is
+priced"). A ladder is only worth having if every transition between its rungs is safe on a
+nearly full card, so this bench takes four geometries (the motivating report's RTX 5080 and
+three built from the published figures, bench/geometries/*.json, each with a `_note` citing
+its sources), builds the ladder with the budget filled to 90, 95, 99 and 100 %, and prices
+every ordered rung pair with the real parser, ladder builder and planner; then it runs a sample
+of the same transitions on the reference engine with real allocations, over loopback HTTP, in
+both rebuild modes.
 
 What "budget filled to X %" means here:
 - the ladder is built with `reserve_bytes = cache_budget_bytes - floor(X * cache_budget_bytes)`,
@@ -17,7 +18,7 @@ What "budget filled to X %" means here:
   as `ladder run --reserve` would price them;
 - the card's physical room for the pools is `cache_budget_bytes + headroom_bytes` whatever the
   fill: the headroom is what ft serve's `(1 - memory_ratio)` leaves beyond the budget, less the
-  non-cache allocations that live there (graph pool, capture buffer, workspaces, §2.1 (3)).
+  non-cache allocations that live there (graph pool, capture buffer, workspaces).
   For the report it is the 511.5 MiB its OOM message found free; for the others it is
   `(1 - memory_ratio) * (total - context) - non_budget`, inputs in each file's `_bench`;
 - a single ft serve call *completes* when its worst instant fits in budget + headroom (the
@@ -40,9 +41,11 @@ Modes (both print ONE JSON object; `--out FILE` writes it too):
   OOMs are the driver's. Real peaks: `engine.memory.peak_bytes` (exact pool bytes) and, on
   CUDA, `torch.cuda.max_memory_allocated()` minus the bytes allocated before the transition.
 
-    python bench/transitions.py --mode plan
-    python bench/transitions.py --mode engine --device cpu
-    python bench/transitions.py --mode engine --device cuda --out transitions-h200.json
+    python bench/rung_pairs.py --mode plan
+    python bench/rung_pairs.py --mode engine --device cpu
+    python bench/rung_pairs.py --mode engine --device cuda --out transitions-h200.json
+
+The figures of the recorded runs are in README.md ("Results": transitions) and bench/results/.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 FILLS = (0.90, 0.95, 0.99, 1.00)
 ENGINE_FILL = 0.99
-# The report's server: --max-seq-len-override 262144 --memory-ratio 0.95 (motivating-report.md).
+# The report's server: --max-seq-len-override 262144 --memory-ratio 0.95.
 REPORT_BENCH = {"card": "RTX 5080 16 GB", "memory_ratio": 0.95, "kv_max_tokens": 262144,
                 "headroom_bytes": int(511.5 * MIB),
                 "headroom_source": "511.5 MiB free beyond the pools at the report's OOM "
@@ -172,7 +175,8 @@ class Direction:
 
     @property
     def risky(self) -> bool:
-        """Grows MoE while shrinking KV or mamba: the shape §2.5 says one call cannot do."""
+        """Grows MoE while shrinking KV or mamba: the new experts are allocated while the old
+        KV or mamba is still held, the one shape a single call on a full card cannot do."""
         return self.grows_moe and (self.shrinks_kv or self.shrinks_mamba)
 
 
@@ -538,19 +542,6 @@ class _Cuda:
             self.torch.cuda.empty_cache()
 
 
-async def _serve(engine: Any) -> tuple[Any, str]:
-    from aiohttp import web
-
-    from engine.reference.server import make_app
-
-    runner = web.AppRunner(make_app(engine), shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"http://127.0.0.1:{port}"
-
-
 def _oom(text: str | None) -> bool:
     return text is not None and "OutOfMemoryError" in text
 
@@ -561,15 +552,15 @@ async def run_one(scaled: ScaledGeometry, start: Geometry, target: Geometry, *, 
     """One transition on a fresh engine (`model`'s weights) served over loopback HTTP; real
     peaks measured."""
     from engine.reference.runtime import ReferenceEngine
+    from engine.reference.server import serving
     from ladder.client import FtServeClient
     from ladder.executor import ApplySettings, apply_target
 
     cuda = _Cuda(device)
     standin = cuda.standin(scaled, card_bytes)
     engine = ReferenceEngine(_config(scaled, start, mode, device, card_bytes), model=model)
-    runner, url = await _serve(engine)
     try:
-        async with FtServeClient(url, timeout_s=120) as client:
+        async with serving(engine) as url, FtServeClient(url, timeout_s=120) as client:
             status = await client.cache_status()
             model = MemoryModel.from_status(status)
             # One call's own instants: ft serve's order in freetoken mode, chunk phases
@@ -607,10 +598,9 @@ async def run_one(scaled: ScaledGeometry, start: Geometry, target: Geometry, *, 
             final = engine.geometry()
             state = engine.state
     finally:
-        await runner.cleanup()
         # The app holds the engine, the engine its pools and filler: drop every reference
         # before the next engine measures the card.
-        del runner, engine, standin
+        del engine, standin
         cuda.release()
     capacity = scaled.budget_bytes + scaled.headroom_bytes
     return EngineRun(

@@ -1,42 +1,23 @@
-"""CI smoke tests of the transition benches: bench/transitions.py, the plan mode on the four
-geometries at 99 % fill and the engine mode at the smallest sizes on two transitions with real
-allocations; bench/transition_bench.py, one KV -> experts step under decode on the CPU, whose
-report keys (the README's figures and the pause-budget comparison) must stay there."""
+"""CI smoke tests of bench/rung_pairs.py: the plan mode on the four geometries at 99 % fill, and
+the engine mode at the smallest sizes on two transitions with real allocations."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from bench import rung_pairs
 from engine.ftserve.budget import MemoryModel
 from engine.ftserve.geometry import parse_cache_status
 from engine.reference.scenarios import REPORT
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "transitions.py"
-STEP_BENCH = BENCH.with_name("transition_bench.py")
-
-
-def load_bench(path: Path = BENCH) -> ModuleType:
-    # bench/ is not a package: load the file by path, registered so dataclasses resolve.
-    name = f"bench_{path.stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_bench()
+    return rung_pairs
 
 
 def test_geometry_files_parse_and_cite_their_sources(bench: ModuleType) -> None:
@@ -128,35 +109,3 @@ def test_default_card_is_16_gib_unless_the_scaled_pools_need_more(bench: ModuleT
     assert bench.default_card_bytes(2 * gib) == 16 * gib
     # gemma's scaled pools (~15.9 GiB) plus 2 GiB for the model and context: 18 GiB.
     assert bench.default_card_bytes(int(15.9 * gib)) == 18 * gib
-
-
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_step_bench_compares_pause_budgets(tmp_path: Path) -> None:
-    target = tmp_path / "transition.json"
-    assert load_bench(STEP_BENCH).main(["--device", "cpu", "--small", "--out",
-                                        str(target)]) == 0
-    report = json.loads(target.read_text())
-    summary = report["summary"]
-    assert summary["incremental_status"] == "ok" and summary["replay_tokens_match"] is True
-    assert summary["freetoken_status"] == "rejected"
-    for key in ("incremental_wall_s", "pause_p50_ms", "pause_p99_ms", "moved_bytes",
-                "hit_rate_before", "hit_rate_later"):
-        assert is_number(summary[key]), key
-    runs = report["pause_budgets"]
-    assert set(runs) == set(summary["pause_budgets"]) == {"0", "2"}
-    for key, run in runs.items():
-        assert run["status"] == "ok", run
-        assert run["budget_s"] == float(key) / 1e3
-        for name in ("wall_s", "decode_rounds", "chunk_ops", "baseline_decode_tps",
-                     "tokens_during", "tokens_lost"):
-            assert is_number(run[name]), (key, name)
-        for name in ("p50_ms", "p99_ms", "max_ms"):
-            assert is_number(run["round_pauses"][name]), (key, name)
-        assert all(is_number(v) for v in summary["pause_budgets"][key].values()), key
-    # One operation a round at 0; a 2 ms round holds several of the tiny model's operations.
-    assert runs["2"]["decode_rounds"] < runs["0"]["decode_rounds"]

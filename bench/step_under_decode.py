@@ -1,7 +1,7 @@
-"""Engine-level benchmark of a KV -> experts conversion on a nearly full emulated card.
+"""One rung step under decode: a KV -> experts conversion on a nearly full emulated card.
 
 Builds a `ReferenceEngine` directly (no HTTP) on `--device cuda` with `device_memory_bytes` =
-16 GiB (the engine emulates the card with a driver filler, gpu-memory.md §4), a model whose
+16 GiB (a driver filler outside torch, `engine.reference.memory.emulate_card`), a model whose
 expert slot is 2 MiB (hidden 1024 x expert_hidden 256, fp32) and whose KV costs 16 KiB a token,
 and a geometry whose KV fills the cache budget so that the card is ~99 % full. Then:
 
@@ -50,7 +50,9 @@ long each decode round stalls, and both cost tokens):
   figure is only good to about +-`clients` tokens.
 
 `--device cpu --small` runs the same code on a CPU with a tiny model (DeviceMemory caps the
-pools), for CI-like smoke runs. Prints one JSON object; `--out FILE` writes it too.
+pools), for CI-like smoke runs. Prints one JSON object; `--out FILE` writes it too. The figures
+of the recorded H200 run are in README.md ("Results": rung step on the H200),
+docs/gpu-allocation.md and bench/results/h200/transition.json.
 """
 
 from __future__ import annotations

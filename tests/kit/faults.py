@@ -85,10 +85,11 @@ def _applies(kind: str, route: Route) -> bool:
 def price_call(geometry: Mapping[str, Any], body: Mapping[str, Any]) -> tuple[int, int]:
     """(bytes held before, peak bytes) of one rebuild call under ft serve's order.
 
-    `geometry` is a `/v1/cache/status` `geometry` object. Deliberately written from the
-    control-plane document alone (§2.2), not from engine.ftserve.planner: MoE, then KV, then mamba;
-    while one pool is reallocated, the pools before it hold their new size and the pools after
-    it their old size. Physical units: KV usable pages + 1 dummy, mamba usable slots + 1 sink.
+    `geometry` is a `/v1/cache/status` `geometry` object. Deliberately written from ft serve's
+    order alone (README, "How a transition is priced"), not from engine.ftserve.planner: MoE,
+    then KV, then mamba; while one pool is reallocated, the pools before it hold their new size
+    and the pools after it their old size. Physical units: KV usable pages + 1 dummy, mamba
+    usable slots + 1 sink.
     """
     units = geometry["unit_bytes"]
     page_bytes = int(geometry["page_size"]) * int(units["kv_per_token"])
@@ -262,6 +263,11 @@ class FaultProxy:
     @property
     def faults_total(self) -> int:
         return sum(self.injected.values())
+
+    @property
+    def latched(self) -> bool:
+        """Whether the proxy answers as a server latched in `failed` now."""
+        return self._latched_left > 0
 
     def risky_calls(self) -> list[CallRecord]:
         return [r for r in self.records if r.risky]
