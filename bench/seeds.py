@@ -5,7 +5,9 @@ one device call per seed) and keeps each run under `runs["TRACE/seedN"]`; this m
 those runs into the `traces` block: per trace, each arm's decode tokens/s per seed, the
 default policy's ratios against `static-full`, `grow-only` and `oracle` per seed (under the
 `headroom_vs_*` keys whatever the default policy is named; `meta.default_arm` names it), the
-freetoken-mode ladder against `static-full`, refusals and truncations, median and spread
+freetoken-mode ladder against `static-full`, the A/A ratio of `freetoken-static-full` to
+`static-full` (`noise_aa`: both never rebuild, so any gap between them is the machine's noise,
+the floor under every other ratio), refusals and truncations, median and spread
 (min, max), and issue 18's targets checked on the medians (agentic's grow-only bound on
 every seed). Pure: run documents in, a summary out.
 """
@@ -65,6 +67,9 @@ def summarize(runs: Mapping[str, Mapping[str, Any]], default_arm: str) -> dict[s
             for key in ("vs_grow_only", "vs_static_full", "vs_oracle")}
         series["freetoken_vs_static_full"] = _ratio_series(group, f"{FREETOKEN}{default_arm}",
                                                            "vs_static_full")
+        # Two arms that never rebuild, so they do the same work: how far apart they land is
+        # what the machine alone moves a ratio (an A/A test), the floor under every other one.
+        series["noise_aa"] = _ratio_series(group, f"{FREETOKEN}static-full", "vs_static_full")
         tps = {arm: _per_seed(group, arm, "decode_tps") for arm in arms}
         summary: dict[str, Any] = {
             "seeds": [run["seed"] for run in group],
@@ -124,7 +129,8 @@ def render_summary(traces: Mapping[str, Mapping[str, Any]]) -> str:
                          f"  refused {refused}  truncated {truncated}")
         lines.extend(f"  {name:<26} {_cell(s['median'][name], s['spread'][name], 2):>18}"
                      for name in ("headroom_vs_static_full", "headroom_vs_grow_only",
-                                  "headroom_vs_oracle", "freetoken_vs_static_full"))
+                                  "headroom_vs_oracle", "freetoken_vs_static_full",
+                                  "noise_aa"))
         for name, check in s["targets"].items():
             value = "-" if check["value"] is None else f"{check['value']:g}"
             lines.append(f"  target {name}: {value} on {check['on']}: "

@@ -31,6 +31,7 @@ def test_summary_keeps_each_seed_and_takes_median_and_spread() -> None:
     assert mixed["median"]["headroom_vs_grow_only"] == 1.25
     assert mixed["spread"]["headroom_vs_grow_only"] == [1.0, 1.5]
     assert mixed["freetoken_vs_static_full"] == [1.1, 1.2, 1.3]
+    assert mixed["noise_aa"] == [None, None, None]  # no freetoken-static-full arm here
     targets = mixed["targets"]
     assert targets["headroom_vs_static_full>=1.3"]["met"] is True
     assert targets["headroom_vs_grow_only>=1.1"] == {"on": "median", "value": 1.25,
@@ -39,6 +40,16 @@ def test_summary_keeps_each_seed_and_takes_median_and_spread() -> None:
     assert targets["freetoken_vs_static_full>=1.2"]["met"] is True
     assert targets["headroom refused+truncated==0"]["met"] is True
     assert "trace mixed, seeds 0, 1, 2" in render_summary({"mixed": mixed})
+
+
+def test_the_a_a_pair_measures_the_noise_floor() -> None:
+    runs = {run_key("handoff", s): _run("handoff", s, {"static-full": 10.0,
+                                                       "freetoken-static-full": v})
+            for s, v in ((0, 9.0), (1, 12.0))}
+    handoff = summarize(runs, "headroom")["handoff"]
+    assert handoff["noise_aa"] == [0.9, 1.2]
+    assert handoff["spread"]["noise_aa"] == [0.9, 1.2]
+    assert "noise_aa" in render_summary({"handoff": handoff})
 
 
 def test_agentic_must_match_grow_only_on_every_seed_and_refusals_count() -> None:
