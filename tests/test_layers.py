@@ -59,3 +59,18 @@ PURE = ["engine/reference/routing.py", "engine/reference/tokenizer.py", "ladder/
 def test_pure_modules_import_no_io(name: str) -> None:
     hits = forbidden_hits(ROOT / name, ("aiohttp", "torch", "socket", "asyncio", "subprocess"))
     assert not hits, (name, hits)
+
+
+PACKAGES = sorted(p.parent for p in ROOT.glob("*/**/__init__.py")
+                  if p.parent.parts[len(ROOT.parts)] in ("ladder", "engine", "policies"))
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_each_package_map_names_what_it_holds(package: Path) -> None:
+    """The one-paragraph map in each package's __init__ names every module and subpackage
+    in it, so `ls` and the map never disagree."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    held = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+    held |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    missing = {name for name in held if f"`{name}`" not in doc and f"`{name}/`" not in doc}
+    assert not missing, (package, sorted(missing))
