@@ -50,8 +50,8 @@ RESUME=${RESUME:-}
 # a trace's arms outlast a 10-minute call, so the default request count is cut to fit.
 SEEDS=${SEEDS:-0}
 TRACES=${TRACES:-agentic,mixed,handoff}
-REQUESTS=${REQUESTS:-12}
-SEED_ARMS=${SEED_ARMS:-static-full,grow-only,headroom,freetoken-static-full,freetoken-grow-only,freetoken-headroom,oracle}
+REQUESTS=${REQUESTS:-10}
+SEED_ARMS=${SEED_ARMS:-static-full,freetoken-static-full,grow-only,headroom,throughput,freetoken-grow-only,freetoken-headroom,oracle}
 GEOMETRIES=${GEOMETRIES:-rtx5080-report-16gb qwen38-flash-next-rtx5090-32gb \
   qwen38-flash-next-rtx6000ada-48gb gemma-4-26b-a4b-like-rtx4080super-16gb}
 EXPANDABLE=expandable_segments:True
