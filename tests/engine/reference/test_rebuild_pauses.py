@@ -54,24 +54,24 @@ async def decoding(engine: ReferenceEngine, max_tokens: int,
     return task, tokens
 
 
-async def rebuild_under_decode(engine: ReferenceEngine) -> tuple[int, bool]:
-    """Rebuild to TARGET while one request decodes: (HTTP status, whether the request was
-    still running when the rebuild returned)."""
-    task, _ = await decoding(engine, max_tokens=400, seed=1)
-    status, _ = await engine.rebuild({**TARGET, "timeout": 60})
-    still_running = bool(engine.running)
-    await task
-    return status, still_running
-
-
-async def test_budget_zero_runs_one_chunk_operation_a_round() -> None:
-    engine = ReferenceEngine(config(0.0))
+async def rebuild_under_decode(budget_s: float) -> ReferenceEngine:
+    """A fresh engine at `budget_s`, rebuilt to TARGET while one request decodes; the rebuild
+    must succeed with the request still running when it returns. The engine, closed."""
+    engine = ReferenceEngine(config(budget_s))
     await engine.start()
     try:
-        status, still_running = await rebuild_under_decode(engine)
+        task, _ = await decoding(engine, max_tokens=400, seed=1)
+        status, _ = await engine.rebuild({**TARGET, "timeout": 60})
+        still_running = bool(engine.running)
+        await task
     finally:
         await engine.close()
     assert status == 200 and still_running
+    return engine
+
+
+async def test_budget_zero_runs_one_chunk_operation_a_round() -> None:
+    engine = await rebuild_under_decode(0.0)
     ops = len(engine.rebuilds.chunk_pauses)
     assert ops >= 20
     assert [p.ops for p in engine.rebuilds.rebuild_pauses if p.ops] == [1] * ops
@@ -82,13 +82,7 @@ async def test_budget_zero_runs_one_chunk_operation_a_round() -> None:
 
 
 async def test_a_large_budget_finishes_a_rebuild_in_one_or_two_decode_rounds() -> None:
-    engine = ReferenceEngine(config(10.0))
-    await engine.start()
-    try:
-        status, still_running = await rebuild_under_decode(engine)
-    finally:
-        await engine.close()
-    assert status == 200 and still_running
+    engine = await rebuild_under_decode(10.0)
     assert len(engine.rebuilds.chunk_pauses) >= 20
     assert 1 <= len(engine.rebuilds.rebuild_pauses) <= 2
     assert sum(p.ops for p in engine.rebuilds.rebuild_pauses) == len(engine.rebuilds.chunk_pauses)
