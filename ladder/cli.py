@@ -27,7 +27,7 @@ from ladder.knobs import KnobError, knob_fields
 from ladder.parsers import option_value, seconds, server_url
 from ladder.render import render_ladder, render_plan, render_pools
 from ladder.rungs import LadderSpec, build_ladder, reachable_ranges, small_budget_hint
-from ladder.units import format_bytes, parse_bytes, parse_count, parse_target
+from ladder.units import format_bytes, format_count, parse_bytes, parse_count, parse_target
 
 __all__ = ["BadInput", "main"]
 
@@ -130,18 +130,20 @@ def _add_layout(p: argparse.ArgumentParser, *, defaults: bool) -> None:
                         help="fixed costs the engine's fit-check adds that unit_bytes omits")
     budget.add_argument("--kv-floor", type=_count,
                         default=default(_DEFAULT_SPEC.kv_floor_tokens),
-                        metavar="TOKENS", help="KV of the lowest rung (default 4k)")
+                        metavar="TOKENS", help=f"KV of the lowest rung (default "
+                             f"{format_count(_DEFAULT_SPEC.kv_floor_tokens)})")
     budget.add_argument("--kv-max", type=_count, default=None, metavar="TOKENS",
                         help="KV of the top rung: the model's context (default: what fits)")
     budget.add_argument("--spacing", choices=("geometric", "linear"),
                         default=default(_DEFAULT_SPEC.spacing),
-                        help="rung spacing (default geometric)")
+                        help=f"rung spacing (default {_DEFAULT_SPEC.spacing})")
     budget.add_argument("--kv-ratio", type=float, default=default(_DEFAULT_SPEC.kv_step_ratio),
-                        help="geometric step between rungs (default 1.414)")
+                        help=f"geometric step between rungs (default "
+                             f"{_DEFAULT_SPEC.kv_step_ratio:.3f})")
     budget.add_argument("--kv-step", type=_count, default=default(_DEFAULT_SPEC.kv_step_tokens),
                         metavar="TOKENS",
                         help="linear step between rungs; with geometric spacing, the largest "
-                             "step (default 32k)")
+                             f"step (default {format_count(_DEFAULT_SPEC.kv_step_tokens)})")
 
 
 def _read_status_file(path: Path) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "parse_bytes", "parse_count", "parse_target"]
+__all__ = ["format_bytes", "format_count", "parse_bytes", "parse_count", "parse_target"]
 
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 # Longest suffix first, so "GiB" is not read as "G" + "iB".
@@ -29,6 +29,15 @@ def parse_count(text: str) -> int:
     if not value.is_integer():
         raise ValueError(f"{text!r} is not a whole number")
     return int(value)
+
+
+def format_count(value: int) -> str:
+    """The inverse of `parse_count` where it is exact: 4096 -> `4k`, 32768 -> `32k`, 1000 ->
+    `1000` (help texts show defaults the way users type them)."""
+    for suffix, scale in (("m", 1024**2), ("k", 1024)):
+        if value and value % scale == 0:
+            return f"{value // scale}{suffix}"
+    return str(value)
 
 
 def parse_bytes(text: str) -> int:
