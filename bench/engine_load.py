@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.output import report_json
 from engine.reference.runtime import ReferenceEngine
 from engine.reference.scenarios import report_config
 
@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     result = asyncio.run(measure(args.waves))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    report_json(result, args.out)
     ok = result["outputs_identical"] and result["max_accounting_drift_bytes"] == 0 and float(
         str(result["rss_growth"])) < 0.05
     return 0 if ok else 1

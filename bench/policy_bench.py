@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as `python bench/policy_bench.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.oracle import PRICED_ARMS, oracle_plan
+from bench.output import report_json
 from bench.policy_arms import (
     ARMS,
     DEFAULT_ARM,
@@ -231,11 +232,6 @@ def _resumable(path: str, meta: dict[str, Any]) -> tuple[dict[str, Any], list[di
     return doc["runs"], [*calls, earlier]
 
 
-def _write_doc(path: str, doc: dict[str, Any]) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
-
-
 def _report(path: str, out: str | None, plot_path: str | None) -> int:
     try:
         doc = json.loads(Path(path).read_text())
@@ -252,7 +248,7 @@ def _report(path: str, out: str | None, plot_path: str | None) -> int:
         doc["traces"] = summarize(doc["runs"], doc["meta"].get("default_arm", DEFAULT_ARM))
         print(render_summary(doc["traces"]))
     if out:
-        _write_doc(out, doc)
+        report_json(doc, out, indent=1, emit=None)
     if plot_path and not plot(doc, plot_path):
         print("bench/policy_bench: matplotlib is not installed; no plot", file=sys.stderr)
     return 0
@@ -342,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc["traces"] = summarize(doc["runs"], DEFAULT_ARM)
         doc["meta"]["wall_s"] = round(time.perf_counter() - started, 1)
         if args.out:
-            _write_doc(args.out, doc)
+            report_json(doc, args.out, indent=1, emit=None)
 
     try:
         for seed in seeds or [args.seed]:

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.output import report_json
 from engine.ftserve.budget import MemoryModel
 from engine.ftserve.geometry import CacheStatus, Geometry, parse_cache_status
 from engine.ftserve.planner import call_instants, plan_transition
@@ -731,11 +732,7 @@ def main(argv: Iterable[str] | None = None,
             card_bytes=None if args.card_gib is None else int(args.card_gib * GIB),
             pair_sample=args.pair_sample or None)) for geo in load_geometries(args.geometry)]
     out["seconds"] = round(time.perf_counter() - started, 3)
-    text = json.dumps(out, indent=1)
-    emit(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    report_json(out, args.out, indent=1, emit=emit)
     return out
 
 

@@ -61,7 +61,6 @@ import argparse
 import asyncio
 import gc
 import itertools
-import json
 import math
 import os
 import platform
@@ -80,6 +79,7 @@ if __package__ in (None, ""):
 
 import torch
 
+from bench.output import report_json
 from engine.reference.decoder import ModelSpec, TinyMoE
 from engine.reference.memory import enable_expandable_segments
 from engine.reference.pools import ChunkEvent
@@ -744,11 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and args.alloc_conf == "expandable":
         enable_expandable_segments()  # before torch initialises CUDA
     report = asyncio.run(bench(args))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    report_json(report, args.out)
     return 0
 
 
