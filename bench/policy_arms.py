@@ -69,7 +69,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -92,8 +92,9 @@ from policies.headroom import check_options
 
 __all__ = ["ARMS", "DAEMON_ARMS", "DEFAULT_ARM", "MEASURED_WINDOW_S", "MOE_LADDER_ARMS",
            "TRACES", "ArmInterrupted", "ArmResult", "BenchOptions", "GrowOnly", "RequestRow",
-           "build_trace", "cpu_engine_config", "gpu_engine_config", "per_request_tps",
-           "progress_printer", "run_arm"]
+           "Sender", "arm_start", "base_arm", "build_trace", "cpu_engine_config",
+           "daemon_config", "drive_arm", "engine_mode", "gpu_engine_config", "per_request_tps",
+           "progress_printer", "run_arm", "settle"]
 
 # The oracle last: it is priced with what the arms before it measured.
 ARMS = ("static-full", "static-short", "grow-only", "headroom", "throughput", "pinned-0",
@@ -180,6 +181,9 @@ class BenchOptions:
     threads: int | None = 1
     settle_timeout_s: float = 30.0
     quiet: bool = False
+    # The default ladder's largest step, real tokens (ladder.rungs `kv_step_tokens`); a
+    # recorded run from before that cap replays with a larger one.
+    kv_step_tokens: int = 32_768
 
     def seconds(self, real_s: float) -> float:
         """A time constant of the real schedule, played `compress` times faster."""
@@ -376,7 +380,8 @@ def _ladder_spec(arm: str, opts: BenchOptions) -> LadderSpec:
     if arm == "grow-only":
         return LadderSpec(kv_floor_tokens=opts.tokens(65_536), spacing="linear",
                           kv_step_tokens=opts.tokens(32_768))
-    return LadderSpec(kv_floor_tokens=opts.tokens(4096), kv_step_tokens=opts.tokens(32_768))
+    return LadderSpec(kv_floor_tokens=opts.tokens(4096),
+                      kv_step_tokens=opts.tokens(opts.kv_step_tokens))
 
 
 def _ladder_table(spec: LadderSpec) -> dict[str, Any]:
@@ -401,14 +406,18 @@ def _policy(arm: str, opts: BenchOptions) -> tuple[str, dict[str, Any]]:
     raise ValueError(f"{arm} runs without a daemon")
 
 
-def _daemon_config(arm: str, url: str, gate_port: int, tokenizer: str,
-                   opts: BenchOptions) -> Any:
+def daemon_config(arm: str, url: str, gate_listen: str, tokenizer: str | None,
+                  opts: BenchOptions) -> Any:
+    """The arm's daemon: its policy and ladder, the docs' safeguards on the compressed clock."""
     policy, options = _policy(base_arm(arm), opts)
     s = opts.seconds
+    server: dict[str, Any] = {"name": arm, "url": url, "gate_listen": gate_listen,
+                              "policy": policy, "policy_options": options,
+                              "ladder": _ladder_table(_ladder_spec(base_arm(arm), opts))}
+    if tokenizer is not None:
+        server["tokenizer_path"] = tokenizer
     return merge({
-        "servers": [{"name": arm, "url": url, "gate_listen": f"127.0.0.1:{gate_port}",
-                     "policy": policy, "policy_options": options, "tokenizer_path": tokenizer,
-                     "ladder": _ladder_table(_ladder_spec(base_arm(arm), opts))}],
+        "servers": [server],
         # The defaults of docs/config.md, on the compressed clock.
         "safeguards": {"cooldown_s": s(60.0), "min_dwell_s": s(120.0),
                        "max_transitions_per_hour": max(1, round(12 * opts.compress)),
@@ -442,6 +451,12 @@ def progress_printer(opts: BenchOptions) -> Callable[[str], None]:
     return (lambda _msg: None) if opts.quiet else (lambda msg: print(msg, file=sys.stderr))
 
 
+# What sends one request of an arm and fills its row: (row, through the gate?, an event set
+# at its first token or its end, for the oracle). The HTTP one streams over loopback; the
+# replay's (bench/replay) answers from its simulated server.
+Sender = Callable[[RequestRow, bool, "asyncio.Event | None"], Coroutine[Any, Any, None]]
+
+
 async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                   opts: BenchOptions, model: Any = None,
                   oracle_rungs: Sequence[int] | None = None) -> ArmResult:
@@ -451,23 +466,90 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
     from engine.reference.runtime import ReferenceEngine
     from engine.reference.server import serve
 
-    say = progress_printer(opts)
-    result = ArmResult(arm, bench_driven=arm == "oracle")
-    policy_arm = base_arm(arm)
     engine = ReferenceEngine(replace(config, rebuild_mode=engine_mode(arm)), model=model)
     stop_engine = asyncio.Event()
     port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     engine_task = asyncio.create_task(serve(engine, port=0, stop=stop_engine,
                                             on_ready=port.set_result))
     url = f"http://127.0.0.1:{await port}"
-    page = engine.shape.page_size
-    spec = _ladder_spec(policy_arm, opts)
+    tmp = tempfile.TemporaryDirectory()
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            ladder, start = await arm_start(arm, engine, opts)
+            daemon = daemon_task = controller = None
+            target = url
+            if base_arm(arm) in DAEMON_ARMS:
+                tokenizer = Path(tmp.name) / "tokenizer.json"
+                write_reference_tokenizer(tokenizer, engine.tokenizer.vocab_size)
+                gate_port = free_port()
+                daemon = build_daemon(daemon_config(arm, url, f"127.0.0.1:{gate_port}",
+                                                    str(tokenizer), opts), session)
+                controller = daemon.controllers[0]
+                daemon_task = asyncio.create_task(daemon.run())
+                target = f"http://127.0.0.1:{gate_port}"
+                await settle(arm, controller, opts)
+
+            def counters() -> tuple[int, int]:
+                return engine.experts.hits, engine.experts.misses
+
+            async def send(row: RequestRow, via_gate: bool,
+                           admitted: asyncio.Event | None) -> None:
+                prompt = _prompt(opts.seed, row.index, row.prompt_tokens)
+                await _stream(session, target if via_gate else url, row, prompt, row.index,
+                              counters, admitted)
+
+            try:
+                return await drive_arm(arm, trace, opts, engine, ladder, start, controller,
+                                       send, stop_engine, oracle_rungs)
+            finally:
+                if daemon is not None and daemon_task is not None:
+                    daemon.stop.set()
+                    await daemon_task
+    finally:
+        tmp.cleanup()
+        stop_engine.set()
+        await engine_task
+
+
+async def arm_start(arm: str, engine: Any, opts: BenchOptions) -> tuple[Ladder, Any]:
+    """The arm's ladder on `engine`, and its starting rung, set through the planner."""
+    spec = _ladder_spec(base_arm(arm), opts)
     ladder = _ladder_of(engine, spec)
-    result.ladder = [r.to_json() for r in ladder.rungs]
-    start = {"static-full": ladder.top, "static-short": ladder.rungs[0]}.get(policy_arm,
+    start = {"static-full": ladder.top, "static-short": ladder.rungs[0]}.get(base_arm(arm),
                                                                               ladder.rungs[0])
     await _set_geometry(engine, start.geometry)
+    return ladder, start
 
+
+async def settle(arm: str, controller: Any, opts: BenchOptions) -> None:
+    """Until the daemon has observed, is not stepping, and is on the rung its policy wants
+    when idle; then one more poll, so the gate has seen that rung."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + opts.settle_timeout_s
+    while (controller.rung is None or controller.transition_running()
+           or controller.last_decision is None
+           or controller.last_decision.rung != controller.rung):
+        if loop.time() > deadline:
+            raise RuntimeError(f"{arm}: the daemon did not settle (rung "
+                               f"{controller.rung}, {controller.last_error})")
+        await controller.wait_changed(0.5)
+    await asyncio.sleep(opts.poll_s)
+
+
+async def drive_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions, engine: Any,
+                    ladder: Ladder, start: Any, controller: Any, send: Sender,
+                    stop_engine: asyncio.Event,
+                    oracle_rungs: Sequence[int] | None = None) -> ArmResult:
+    """Replay `trace` against a started arm and measure it: the part of an arm that the HTTP
+    bench and the virtual-time replay share. `engine` is the reference engine or the replay's
+    simulated one (geometry, pools' counters, waiting queue, `rebuild`, `listeners`); time is
+    the running loop's."""
+    say = progress_printer(opts)
+    loop = asyncio.get_running_loop()
+    result = ArmResult(arm, bench_driven=arm == "oracle")
+    result.ladder = [r.to_json() for r in ladder.rungs]
+    page = engine.shape.page_size
     rebuilds: list[float] = []
 
     def on_event(event: str, payload: Any) -> None:
@@ -475,153 +557,116 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
             rebuilds.append(float(payload[2]))
 
     engine.listeners.append(on_event)
-    daemon = daemon_task = controller = None
-    tmp = tempfile.TemporaryDirectory()
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            target = url
-            if policy_arm in DAEMON_ARMS:
-                tokenizer = Path(tmp.name) / "tokenizer.json"
-                write_reference_tokenizer(tokenizer, engine.tokenizer.vocab_size)
-                gate_port = free_port()
-                daemon = build_daemon(_daemon_config(arm, url, gate_port, str(tokenizer), opts),
-                                      session)
-                controller = daemon.controllers[0]
-                daemon_task = asyncio.create_task(daemon.run())
-                target = f"http://127.0.0.1:{gate_port}"
-                deadline = time.perf_counter() + opts.settle_timeout_s
-                # Settled: observed, not stepping, and on the rung its policy wants when idle.
-                while (controller.rung is None or controller.transition_running()
-                       or controller.last_decision is None
-                       or controller.last_decision.rung != controller.rung):
-                    if time.perf_counter() > deadline:
-                        raise RuntimeError(f"{arm}: the daemon did not settle (rung "
-                                           f"{controller.rung}, {controller.last_error})")
-                    await controller.wait_changed(0.5)
-                await asyncio.sleep(opts.poll_s)  # the gate has seen the settled rung
-            rebuilds.clear()
-            hits0, misses0 = engine.experts.hits, engine.experts.misses
-            seen: set[tuple[float, int]] = {(r.started_s, r.to_rung)
-                                            for r in (controller.transitions if controller
-                                                      else ())}
-            t0 = time.perf_counter()
-            t0_mono = controller.clock.monotonic() if controller is not None else 0.0
+    hits0, misses0 = engine.experts.hits, engine.experts.misses
+    seen: set[tuple[float, int]] = {(r.started_s, r.to_rung)
+                                    for r in (controller.transitions if controller else ())}
+    t0 = loop.time()
+    t0_mono = controller.clock.monotonic() if controller is not None else 0.0
 
-            def note_transitions() -> None:
-                if controller is None:
-                    return
-                for record in list(controller.transitions):
-                    key = (record.started_s, record.to_rung)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    rungs = controller.ladder.rungs if controller.ladder else ()
-                    to = rungs[record.to_rung] if record.to_rung < len(rungs) else None
-                    result.transitions.append({
-                        "t_s": round(record.started_s - t0_mono, 3),
-                        "from_rung": record.from_rung, "to_rung": record.to_rung,
-                        "kv_tokens": None if to is None else to.kv_tokens,
-                        "expert_slots": None if to is None else to.geometry.moe_cache_size,
-                        "reached": record.reached, "seconds": round(record.seconds, 4),
-                        "reason": record.reason})
+    def note_transitions() -> None:
+        if controller is None:
+            return
+        for record in list(controller.transitions):
+            key = (record.started_s, record.to_rung)
+            if key in seen:
+                continue
+            seen.add(key)
+            rungs = controller.ladder.rungs if controller.ladder else ()
+            to = rungs[record.to_rung] if record.to_rung < len(rungs) else None
+            result.transitions.append({
+                "t_s": round(record.started_s - t0_mono, 3),
+                "from_rung": record.from_rung, "to_rung": record.to_rung,
+                "kv_tokens": None if to is None else to.kv_tokens,
+                "expert_slots": None if to is None else to.geometry.moe_cache_size,
+                "reached": record.reached, "seconds": round(record.seconds, 4),
+                "reason": record.reason})
 
-            async def sample() -> None:
-                while True:
-                    note_transitions()
-                    g = engine.geometry()
-                    rung = ladder.index_of(g)
-                    result.timeline.append((round(time.perf_counter() - t0, 3),
-                                            -1 if rung is None else rung, g.num_pages * page,
-                                            engine.kv.used_pages * page, engine.experts.hits,
-                                            engine.experts.misses))
-                    await asyncio.sleep(_SAMPLE_S)
-
-            sampler = asyncio.create_task(sample())
-
-            def check_not_stopped() -> None:
-                # serve() sets stop_engine on SIGTERM/SIGINT (a device call's time limit):
-                # what follows would be refusals the arm did not make. How far it got says
-                # whether the cut arm was slow or stuck.
-                if stop_engine.is_set():
-                    note_transitions()
-                    raise ArmInterrupted(
-                        f"{arm}: the engine was stopped by a signal mid-trace, "
-                        f"{time.perf_counter() - t0:.0f} s in, {len(result.rows)} of "
-                        f"{len(trace)} requests sent, {len(result.transitions)} transitions; "
-                        "the arm is not recorded")
-
-            def counters() -> tuple[int, int]:
-                return engine.experts.hits, engine.experts.misses
-
-            oracle_lock = asyncio.Lock()
-
-            async def oracle_send(row: RequestRow, prompt: str) -> None:
-                async with oracle_lock:
-                    queued = sum(w.need_pages for w in engine.waiting)
-                    need = math.ceil((row.prompt_tokens + row.max_tokens) / page)
-                    wanted = (engine.kv.used_pages + queued + need) * page
-                    holding = ladder.rung_holding(wanted) or ladder.top
-                    planned = 0 if oracle_rungs is None else oracle_rungs[row.index]
-                    rung = ladder.rungs[max(holding.index, planned)]
-                    await _set_geometry(engine, rung.geometry)
-                    row.rung = rung.index
-                    admitted = asyncio.Event()
-                    row.sent_s = time.perf_counter() - t0
-                    task = asyncio.create_task(_stream(session, url, row, prompt, row.index,
-                                                       counters, admitted))
-                    await admitted.wait()
-                await task
-
-            async def send(row: RequestRow) -> None:
-                prompt = _prompt(opts.seed, row.index, row.prompt_tokens)
-                if arm == "oracle":
-                    await oracle_send(row, prompt)
-                    return
-                row.sent_s = time.perf_counter() - t0
-                row.rung = controller.rung if controller is not None else start.index
-                await _stream(session, target, row, prompt, row.index, counters)
-
-            sessions: dict[str, list[tuple[int, TraceRequest]]] = {}
-            for i, request in enumerate(trace):
-                sessions.setdefault(request.session, []).append((i, request))
-
-            async def replay(turns: list[tuple[int, TraceRequest]]) -> None:
-                previous: TraceRequest | None = None
-                for i, request in turns:
-                    if previous is None:
-                        delay = opts.seconds(request.t_s) - (time.perf_counter() - t0)
-                    else:
-                        delay = opts.seconds(request.t_s - previous.t_s)
-                    if delay > 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop_engine.wait(), delay)
-                    check_not_stopped()
-                    row = RequestRow(i, request.session, request.kind, request.prompt_tokens,
-                                     request.max_tokens)
-                    result.rows.append(row)
-                    await send(row)
-                    previous = request
-
-            await asyncio.gather(*(replay(turns) for turns in sessions.values()))
-            check_not_stopped()
-            result.wall_s = time.perf_counter() - t0
-            result.rows.sort(key=lambda r: r.index)
-            result.hits = engine.experts.hits - hits0
-            result.misses = engine.experts.misses - misses0
-            result.engine_rebuilds = len(rebuilds)
-            result.engine_rebuild_s = sum(rebuilds)
+    async def sample() -> None:
+        while True:
             note_transitions()
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
-            if daemon is not None and daemon_task is not None:
-                daemon.stop.set()
-                await daemon_task
+            g = engine.geometry()
+            rung = ladder.index_of(g)
+            result.timeline.append((round(loop.time() - t0, 3),
+                                    -1 if rung is None else rung, g.num_pages * page,
+                                    engine.kv.used_pages * page, engine.experts.hits,
+                                    engine.experts.misses))
+            await asyncio.sleep(_SAMPLE_S)
+
+    sampler = asyncio.create_task(sample())
+
+    def check_not_stopped() -> None:
+        # serve() sets stop_engine on SIGTERM/SIGINT (a device call's time limit):
+        # what follows would be refusals the arm did not make. How far it got says
+        # whether the cut arm was slow or stuck.
+        if stop_engine.is_set():
+            note_transitions()
+            raise ArmInterrupted(
+                f"{arm}: the engine was stopped by a signal mid-trace, "
+                f"{loop.time() - t0:.0f} s in, {len(result.rows)} of "
+                f"{len(trace)} requests sent, {len(result.transitions)} transitions; "
+                "the arm is not recorded")
+
+    oracle_lock = asyncio.Lock()
+
+    async def oracle_send(row: RequestRow) -> None:
+        async with oracle_lock:
+            queued = sum(w.need_pages for w in engine.waiting)
+            need = math.ceil((row.prompt_tokens + row.max_tokens) / page)
+            wanted = (engine.kv.used_pages + queued + need) * page
+            holding = ladder.rung_holding(wanted) or ladder.top
+            planned = 0 if oracle_rungs is None else oracle_rungs[row.index]
+            rung = ladder.rungs[max(holding.index, planned)]
+            await _set_geometry(engine, rung.geometry)
+            row.rung = rung.index
+            admitted = asyncio.Event()
+            row.sent_s = loop.time() - t0
+            task = asyncio.create_task(send(row, False, admitted))
+            await admitted.wait()
+        await task
+
+    async def send_row(row: RequestRow) -> None:
+        if arm == "oracle":
+            await oracle_send(row)
+            return
+        row.sent_s = loop.time() - t0
+        row.rung = controller.rung if controller is not None else start.index
+        await send(row, controller is not None, None)
+
+    sessions: dict[str, list[tuple[int, TraceRequest]]] = {}
+    for i, request in enumerate(trace):
+        sessions.setdefault(request.session, []).append((i, request))
+
+    async def replay(turns: list[tuple[int, TraceRequest]]) -> None:
+        previous: TraceRequest | None = None
+        for i, request in turns:
+            if previous is None:
+                delay = opts.seconds(request.t_s) - (loop.time() - t0)
+            else:
+                delay = opts.seconds(request.t_s - previous.t_s)
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop_engine.wait(), delay)
+            check_not_stopped()
+            row = RequestRow(i, request.session, request.kind, request.prompt_tokens,
+                             request.max_tokens)
+            result.rows.append(row)
+            await send_row(row)
+            previous = request
+
+    try:
+        await asyncio.gather(*(replay(turns) for turns in sessions.values()))
+        check_not_stopped()
+        result.wall_s = loop.time() - t0
+        result.rows.sort(key=lambda r: r.index)
+        result.hits = engine.experts.hits - hits0
+        result.misses = engine.experts.misses - misses0
+        result.engine_rebuilds = len(rebuilds)
+        result.engine_rebuild_s = sum(rebuilds)
+        note_transitions()
     finally:
-        tmp.cleanup()
-        stop_engine.set()
-        await engine_task
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
     agg = result.aggregate()
     say(f"  {arm:<13} {agg['decode_tps']:>8.1f} tok/s  hit {agg['hit_rate'] or 0:.0%}  "
         f"refused {agg['refused']}  truncated {agg['truncated']}  transitions "

@@ -61,7 +61,7 @@ from bench.policy_report import derived, plot, render_table, rerate_requests
 from bench.seeds import render_summary, run_key, summarize
 from bench.traces import TraceRequest
 
-__all__ = ["SCHEMA", "main", "run_bench"]
+__all__ = ["SCHEMA", "main", "oracle_plan_for", "run_bench", "run_doc"]
 
 # The name of bench/policy_bench.py's first form, kept: `--resume` refuses another schema, and
 # the recorded runs in bench/results carry this one.
@@ -112,34 +112,35 @@ async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchO
     copy_us = _expert_copy_us(model)
     results: dict[str, ArmResult] = {}
     plan = (previous or {}).get("oracle_plan")
-    run = _run_doc(trace_kind, opts.seed, trace, results, previous, copy_us, plan)
+    run = run_doc(trace_kind, opts.seed, trace, results, previous, copy_us, plan)
     # The oracle last, whatever order --arms gave: it is priced with the others' measurements.
     for arm in sorted(opts.arms, key=lambda a: a == "oracle"):
         if arm in run["arms"]:
             continue
         if arm == "oracle":
-            plan = _oracle_plan(trace, run, config.model, copy_us)
+            plan = oracle_plan_for(trace, run, page_size=config.model.page_size,
+                                   lookups_per_token=config.model.num_layers
+                                   * config.model.top_k, copy_us=copy_us)
         results[arm] = await run_arm(arm, trace, config, opts, model,
                                      plan["rungs"] if arm == "oracle" and plan else None)
         gc.collect()  # the arm's engine and pools go before the next one is built
         if opts.device.startswith("cuda"):
             torch.cuda.empty_cache()
-        run = _run_doc(trace_kind, opts.seed, trace, results, previous, copy_us, plan)
+        run = run_doc(trace_kind, opts.seed, trace, results, previous, copy_us, plan)
         if on_arm is not None:
             on_arm(run)
     return run
 
 
-def _oracle_plan(trace: Sequence[TraceRequest], run: dict[str, Any], model: Any,
-                 copy_us: float) -> dict[str, Any] | None:
+def oracle_plan_for(trace: Sequence[TraceRequest], run: dict[str, Any], *, page_size: int,
+                    lookups_per_token: int, copy_us: float) -> dict[str, Any] | None:
     """The oracle's schedule (bench/oracle.py), or None when no arm on the default ladder has
     run yet to price it (then the oracle takes the lowest rung holding each request)."""
     ladder = next((run["ladders"][a] for a in PRICED_ARMS if a in run["ladders"]), None)
     if ladder is None:
         return None
     return oracle_plan([(r.prompt_tokens, r.max_tokens) for r in trace], run, ladder,
-                       page_size=model.page_size,
-                       lookups_per_token=model.num_layers * model.top_k,
+                       page_size=page_size, lookups_per_token=lookups_per_token,
                        expert_copy_us=copy_us)
 
 
@@ -164,10 +165,10 @@ def _expert_copy_us(model: Any) -> float:
 _PER_ARM = ("arms", "ladders", "transitions", "per_request", "timeline")
 
 
-def _run_doc(trace_kind: str, seed: int, trace: Sequence[TraceRequest],
-             results: dict[str, ArmResult],
-             previous: dict[str, Any] | None, expert_copy_us: float,
-             oracle_block: dict[str, Any] | None) -> dict[str, Any]:
+def run_doc(trace_kind: str, seed: int, trace: Sequence[TraceRequest],
+            results: dict[str, ArmResult],
+            previous: dict[str, Any] | None, expert_copy_us: float,
+            oracle_block: dict[str, Any] | None) -> dict[str, Any]:
     new = {
         "arms": {a: r.aggregate() for a, r in results.items()},
         "ladders": {a: r.ladder for a, r in results.items()},

@@ -72,7 +72,7 @@ class Daemon:
     controllers: list[ServerController]
     gates: dict[str, Gate]
     metrics: DaemonMetrics
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession | None
     clock: Clock = field(default_factory=SystemClock)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     listening: dict[str, int] = field(default_factory=dict)
@@ -196,17 +196,26 @@ def load_policies(config: DaemonConfig) -> dict[str, Policy]:
     return policies
 
 
-def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession, *,
-                 clock: Clock | None = None, metrics: DaemonMetrics | None = None) -> Daemon:
-    """Controllers, policies, safeguards and gates for every configured server."""
+def build_daemon(config: DaemonConfig, session: aiohttp.ClientSession | None, *,
+                 clock: Clock | None = None, metrics: DaemonMetrics | None = None,
+                 client_factory: Callable[[ServerConfig], FtServeClient] | None = None,
+                 ) -> Daemon:
+    """Controllers, policies, safeguards and gates for every configured server.
+
+    `client_factory` builds each server's client (default: an `FtServeClient` on `session`);
+    bench/replay passes one that answers from a simulated server in virtual time."""
     clock = clock or SystemClock()
     metrics = metrics or DaemonMetrics()
     controllers: list[ServerController] = []
     gates: dict[str, Gate] = {}
     policies = load_policies(config)
+
+    def http_client(server: ServerConfig) -> FtServeClient:
+        return FtServeClient(server.url, api_key=_api_key(server), timeout_s=server.timeout_s,
+                             session=session)
+
     for server in config.servers:
-        client = FtServeClient(server.url, api_key=_api_key(server), timeout_s=server.timeout_s,
-                               session=session)
+        client = (client_factory or http_client)(server)
         # The config's settings objects are the runtime's: handed over, never copied.
         controller = ServerController(
             server.name, client, policies[server.name], Safeguards(config.safeguards),

@@ -61,12 +61,12 @@ import json
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from ipaddress import ip_address
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -86,14 +86,19 @@ from ladder.tokenizer_file import load_tokenizer
 
 __all__ = [
     "REBUILD_IN_PROGRESS",
+    "REBUILD_RACE",
     "CapacityController",
     "ChangeNotifier",
     "Gate",
+    "GateRefusal",
     "GateSettings",
     "GateStats",
+    "RebuildRace",
 ]
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 # The body text of ft serve's 503 during a rebuild (openai_api.py:90-104).
 REBUILD_IN_PROGRESS: Final = "cache rebuild in progress"
@@ -242,8 +247,8 @@ class GateStats:
     letter_tokens_per_byte: float
 
 
-class _Refusal(Exception):
-    """A request the gate answers itself; carries the reply."""
+class GateRefusal(Exception):
+    """A request the gate answers itself; carries the reply (`status`, `reason`, `message`)."""
 
     def __init__(self, status: int, reason: str, message: str, *, retry_after: bool) -> None:
         super().__init__(message)
@@ -261,11 +266,11 @@ class _HoldState:
     seconds: float = 0.0
 
 
-class _RebuildRace:
+class RebuildRace:
     """Marker: the upstream answered 503 "cache rebuild in progress"; nothing was generated."""
 
 
-_REBUILD_RACE: Final = _RebuildRace()
+REBUILD_RACE: Final = RebuildRace()
 
 
 def _is_loopback(remote: str | None) -> bool:
@@ -434,26 +439,26 @@ class Gate:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
             if len(request.headers) > self._settings.max_headers:
-                raise _Refusal(431, "too_many_headers",
+                raise GateRefusal(431, "too_many_headers",
                                f"more than {self._settings.max_headers} request headers",
                                retry_after=False)
             if request.path.startswith("/v1/admin/") and not _is_loopback(request.remote):
-                raise _Refusal(403, "forbidden", "admin routes are loopback-only",
+                raise GateRefusal(403, "forbidden", "admin routes are loopback-only",
                                retry_after=False)
             body = await self._read_body(request)
             if request.method == "POST" and request.path in GENERATION_PATHS:
                 return await self._generation(request, body)
             models = request.method == "GET" and request.path == _MODELS_PATH
             result = await self._forward(request, body, generation=None, models=models)
-            assert not isinstance(result, _RebuildRace)
+            assert not isinstance(result, RebuildRace)
             return result
-        except _Refusal as refusal:
+        except GateRefusal as refusal:
             self._refused[refusal.reason] += 1
             return self._error(request, refusal)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._settings.max_body_bytes
-        too_large = _Refusal(413, "body_too_large", f"request body larger than {limit} bytes",
+        too_large = GateRefusal(413, "body_too_large", f"request body larger than {limit} bytes",
                              retry_after=False)
         if request.content_length is not None and request.content_length > limit:
             raise too_large
@@ -471,13 +476,13 @@ class Gate:
         try:
             doc = json.loads(body)
         except json.JSONDecodeError as exc:
-            raise _Refusal(400, "invalid_json", f"request body is not valid JSON: {exc.msg}",
+            raise GateRefusal(400, "invalid_json", f"request body is not valid JSON: {exc.msg}",
                            retry_after=False) from exc
         except UnicodeDecodeError as exc:
-            raise _Refusal(400, "invalid_json", "request body is not UTF-8 JSON",
+            raise GateRefusal(400, "invalid_json", "request body is not UTF-8 JSON",
                            retry_after=False) from exc
         if not isinstance(doc, Mapping):
-            raise _Refusal(400, "invalid_json", "request body must be a JSON object",
+            raise GateRefusal(400, "invalid_json", "request body must be a JSON object",
                            retry_after=False)
         stream = doc.get("stream") is True or request.path == "/generate"
         try:
@@ -492,32 +497,48 @@ class Gate:
 
     async def _generation(self, request: web.Request, body: bytes) -> web.StreamResponse:
         size, stream = self._size(request, body)
+        return await self.forward_when_fits(
+            request.path, size, lambda: self._forward(request, body, generation=(size, stream)))
+
+    def hold_target(self, size: RequestSize | None) -> int | None:
+        """The tokens a generation of `size` is held for; None: forwarded at once (unsized,
+        or a prompt counted exactly that cannot fit even the top rung)."""
+        if size is None:
+            return None
+        top = self._controller.max_capacity_tokens()
+        if size.exact and size.prompt_tokens >= top:
+            return None
+        return min(size.total_tokens, top)
+
+    async def forward_when_fits(self, path: str, size: RequestSize | None,
+                                forward: Callable[[], Awaitable[R | RebuildRace]]) -> R:
+        """Hold a generation until the live rung holds it and no transition runs, then
+        `forward()` it; again after a `REBUILD_RACE` (the upstream answered 503 "cache rebuild
+        in progress"). Raises `GateRefusal` when the hold times out or too many are held.
+
+        The HTTP handler and bench/replay's simulated clients share this one hold."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.max_hold_s
-        target: int | None = None
-        if size is not None:
-            top = self._controller.max_capacity_tokens()
-            if not (size.exact and size.prompt_tokens >= top):
-                target = min(size.total_tokens, top)
+        target = self.hold_target(size)
         hold = _HoldState()
         try:
             while True:
-                await self._hold(request.path, target, deadline, hold)
+                await self._hold(path, target, deadline, hold)
                 # Counted in the same synchronous step as the fit check that let it go, so
                 # a controller deciding after the check sees it (see `forwarded_kv_tokens`).
                 committed = target or 0
                 self._forwarded_now_tokens += committed
                 try:
-                    result = await self._forward(request, body, generation=(size, stream))
+                    result = await forward()
                 finally:
                     self._forwarded_now_tokens -= committed
-                if not isinstance(result, _RebuildRace):
+                if not isinstance(result, RebuildRace):
                     return result
                 # A transition began between our check and the forward; the controller may
                 # not know yet, so pause before re-checking instead of re-sending at once.
                 self._retried_total += 1
-                log.info("gate: upstream rebuilding, holding %s again", request.path)
-                await self._hold(request.path, target, deadline, hold, pause=True)
+                log.info("gate: upstream rebuilding, holding %s again", path)
+                await self._hold(path, target, deadline, hold, pause=True)
         finally:
             if hold.held:
                 self._hold_seconds_sum += hold.seconds
@@ -534,7 +555,7 @@ class Gate:
         if not pause and self._fits(target):
             return
         if self._held_now >= self._settings.max_held:
-            raise _Refusal(503, "gate_overloaded",
+            raise GateRefusal(503, "gate_overloaded",
                            f"too many requests held ({self._settings.max_held}) while the "
                            "server resizes its cache; retry later", retry_after=True)
         loop = asyncio.get_running_loop()
@@ -573,11 +594,11 @@ class Gate:
             self._held_now -= 1
             hold.seconds += loop.time() - started
 
-    def _hold_timeout(self, path: str, target: int | None) -> _Refusal:
+    def _hold_timeout(self, path: str, target: int | None) -> GateRefusal:
         log.warning("gate gave up on %s after %.1f s (needs %s tokens, live rung holds %d, "
                     "transition running: %s)", path, self._settings.max_hold_s, target,
                     self._controller.capacity_tokens(), self._controller.transition_running())
-        return _Refusal(503, "gate_hold_timeout",
+        return GateRefusal(503, "gate_hold_timeout",
                         "the server could not be resized to hold this request within "
                         f"{self._settings.max_hold_s:g} s; retry later", retry_after=True)
 
@@ -588,7 +609,7 @@ class Gate:
         *,
         generation: tuple[RequestSize | None, bool] | None,
         models: bool = False,
-    ) -> web.StreamResponse | _RebuildRace:
+    ) -> web.StreamResponse | RebuildRace:
         session = self._session
         if session is None:
             raise RuntimeError("Gate has no ClientSession: run make_app() under a runner")
@@ -604,7 +625,7 @@ class Gate:
                 if generation is not None and upstream.status == 503:
                     prefix = await self._peek(upstream)
                     if REBUILD_IN_PROGRESS.encode() in prefix:
-                        return _REBUILD_RACE
+                        return REBUILD_RACE
                 clamped = None
                 if models and upstream.status == 200 and (
                         "Content-Encoding" not in upstream.headers):
@@ -621,10 +642,10 @@ class Gate:
                 else:
                     response = await self._relay(request, upstream, prefix)
         except TimeoutError as exc:
-            raise _Refusal(504, "upstream_timeout", "the server did not answer in time",
+            raise GateRefusal(504, "upstream_timeout", "the server did not answer in time",
                            retry_after=True) from exc
         except aiohttp.ClientError as exc:
-            raise _Refusal(502, "upstream_unreachable",
+            raise GateRefusal(502, "upstream_unreachable",
                            f"cannot reach the server: {type(exc).__name__}",
                            retry_after=True) from exc
         self._forwarded_total += 1
@@ -672,7 +693,7 @@ class Gate:
                 request.transport.close()
         return response
 
-    def _error(self, request: web.Request, refusal: _Refusal) -> web.Response:
+    def _error(self, request: web.Request, refusal: GateRefusal) -> web.Response:
         headers = {"Retry-After": str(self._settings.retry_after_s)} if refusal.retry_after else {}
         payload: dict[str, Any]
         if request.path == _ANTHROPIC_PATH:

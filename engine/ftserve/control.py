@@ -16,10 +16,14 @@ from engine.ftserve.budget import MemoryModel
 from engine.ftserve.geometry import Geometry
 
 __all__ = [
+    "Accepted",
+    "Answered",
     "RebuildRequest",
+    "Refused",
     "fit_check_error",
     "geometry_error",
     "parse_rebuild_body",
+    "rebuild_verdict",
     "reply_body",
 ]
 
@@ -143,3 +147,61 @@ def reply_body(request_id: str, status: str, geometry: Geometry,
             "moe_cache_size": geometry.moe_cache_size, "num_pages": geometry.num_pages,
             "mamba_slots": geometry.num_mamba_slots, "num_swa_pages": geometry.num_swa_pages,
             "error": error}
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A reply sent before a rebuild is even considered (bad body, wrong state); the engine
+    records nothing of it."""
+
+    http_status: int
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The scheduler's refusal (`rejected` or `busy`), recorded as the last rebuild."""
+
+    status: str
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    target: Geometry
+    timeout_s: float
+
+
+def rebuild_verdict(raw: Any, *, state: str, mode: str, live: Geometry, model: MemoryModel,
+                    used_pages: int, used_mamba_slots: int, busy: bool,
+                    ) -> Answered | Refused | Accepted:
+    """How an engine with ft serve's semantics answers `POST /v1/cache/rebuild`, in ft serve's
+    order of checks: the body, the state, the geometry and fit-check, the live content, and
+    (`mode` "freetoken") `busy` while any request runs or waits."""
+    parsed = parse_rebuild_body(raw, modes=("if_idle", "incremental"))
+    if isinstance(parsed, tuple):
+        return Answered(*parsed)
+    if state == "loading":
+        return Answered(503, {"status": "loading",
+                              "error": "model is still loading; cannot rebuild cache yet"})
+    if state == "failed":
+        return Answered(503, {"status": "failed",
+                              "error": "server latched in maintenance; restart required"})
+    if state == "rebuilding":
+        return Answered(409, {"status": "busy", "error": "a cache rebuild is already in progress"})
+    if state == "stopping":
+        return Answered(409, {"status": "busy", "error": "engine stop is in progress"})
+    target = parsed.target(live)
+    error = geometry_error(parsed, model) or fit_check_error(target, model)
+    if error is None and target.num_pages < used_pages:
+        error = (f"kv: {used_pages} pages are live in running requests; cannot shrink to "
+                 f"{target.num_pages}")
+    if error is None and target.num_mamba_slots < used_mamba_slots:
+        error = (f"mamba: {used_mamba_slots} slots are live in running requests; cannot "
+                 f"shrink to {target.num_mamba_slots}")
+    if error is not None:
+        return Refused("rejected", error)
+    if mode == "freetoken" and busy:
+        # ft serve's scheduler answers `busy` with no error text (a full reply, 503).
+        return Refused("busy", None)
+    return Accepted(target, parsed.timeout_s)

@@ -1,6 +1,7 @@
 """The reference engine: ft serve's control API on real torch pools, runnable on a CPU.
 
-`runtime` (`ReferenceEngine`: scheduler, admission, the rebuild route), `rebuild` (carrying out
+`runtime` (`ReferenceEngine`: scheduler, the rebuild route), `admission` (which waiting
+request fits the free pages and slots, and the refusal when none can), `rebuild` (carrying out
 an accepted rebuild, incremental or ft serve's way, and its pauses), `documents` (the status,
 health, stats and requests documents it serves), `pools` (chunked expert, KV and state pools),
 `memory` (exact accounting, card emulation), `decoder`, `routing` and `tokenizer` (the tiny

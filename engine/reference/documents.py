@@ -3,8 +3,9 @@
 `/health`, `/v1/stats`, `/v1/cache/status` and `/v1/requests` keep ft serve 0.1.2's fields and
 shapes (tests/fixtures/freetoken-0.1.2/), so that the daemon's parsers (`engine.ftserve.wire`,
 `engine.ftserve.geometry`) read the reference engine and a real ft serve alike; the one
-deliberate addition is the `engine` block of `/v1/cache/status`. They are built here, from the
-engine's state at the moment of the call, so that `runtime` only serves.
+deliberate addition is the `engine` block of `/v1/cache/status`. They are built here, from an
+`EngineSnapshot` of the engine's state at the moment of the call, so that `runtime` only
+serves and bench/replay's simulated server serves the very same documents.
 
 The wall clock is read only for the request log's timestamps; every duration is monotonic.
 """
@@ -15,14 +16,12 @@ import collections
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.ftserve.geometry import REFERENCE_ENGINE_NAME
+from engine.ftserve.geometry import REFERENCE_ENGINE_NAME, Floors, Geometry, ModelShape, UnitCosts
 
-if TYPE_CHECKING:
-    from engine.reference.runtime import ReferenceEngine
-
-__all__ = ["VERSION", "ServedRequests", "health_doc", "stats_doc", "status_doc"]
+__all__ = ["VERSION", "EngineSnapshot", "ServedRequests", "health_doc", "stats_doc",
+           "status_doc"]
 
 VERSION = "0.1.0"
 # ft serve keeps the last 512 finished requests for `/v1/requests`.
@@ -84,79 +83,107 @@ class ServedRequests:
         return {"entries": entries, "next_cursor": start + len(entries)}
 
 
-def _limits_doc(engine: ReferenceEngine) -> dict[str, Any]:
-    budget = engine.memory_model.cache_budget_bytes
-    u = engine.units
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """What the documents report of an engine at one instant.
+
+    Why a value and not the engine: the reference engine and bench/replay's simulated server
+    serve the same documents from the same function, so the daemon reads both alike.
+    """
+
+    instance_id: str
+    state: str
+    uptime_s: float
+    served_model_name: str
+    max_seq_len: int
+    geometry: Geometry
+    shape: ModelShape
+    units: UnitCosts
+    floors: Floors
+    cache_budget_bytes: int
+    last_rebuild: dict[str, Any] | None
+    rebuild_mode: str
+    chunk_bytes: int
+    pause_budget_s: float
+    device: str
+    allocated_bytes: int
+    weights_bytes: int
+    used_pages: int
+    used_mamba_slots: int
+    active_requests: int
+
+
+def _limits_doc(s: EngineSnapshot) -> dict[str, Any]:
+    budget = s.cache_budget_bytes
+    u = s.units
     return {
-        "kv_tokens": {"min": engine.floors.kv_tokens, "max": budget // u.kv_per_token},
-        "moe_experts": {"min": engine.floors.moe_slots,
-                        "max": min(engine.shape.max_expert_slots, budget // u.moe_per_expert)},
-        "mamba_slots": {"min": engine.floors.mamba_slots, "max": budget // u.mamba_per_slot},
+        "kv_tokens": {"min": s.floors.kv_tokens, "max": budget // u.kv_per_token},
+        "moe_experts": {"min": s.floors.moe_slots,
+                        "max": min(s.shape.max_expert_slots, budget // u.moe_per_expert)},
+        "mamba_slots": {"min": s.floors.mamba_slots, "max": budget // u.mamba_per_slot},
         "swa_tokens": {"min": 0, "max": 0},
     }
 
 
-def status_doc(engine: ReferenceEngine) -> dict[str, Any]:
+def status_doc(s: EngineSnapshot) -> dict[str, Any]:
     """`GET /v1/cache/status`."""
-    g = engine.geometry()
-    u = engine.units
-    config = engine.config
+    g = s.geometry
+    u = s.units
     return {
-        "state": engine.state,
-        "last_rebuild": engine.last_rebuild,
+        "state": s.state,
+        "last_rebuild": s.last_rebuild,
         "geometry": {
-            "num_pages": g.num_pages, "page_size": engine.shape.page_size,
+            "num_pages": g.num_pages, "page_size": s.shape.page_size,
             "moe_cache_size": g.moe_cache_size, "num_mamba_slots": g.num_mamba_slots,
-            "num_experts": engine.shape.num_experts,
-            "num_moe_layers": engine.shape.num_moe_layers, "moe_cache_policy": "lru",
+            "num_experts": s.shape.num_experts,
+            "num_moe_layers": s.shape.num_moe_layers, "moe_cache_policy": "lru",
             "unit_bytes": {"kv_per_token": u.kv_per_token,
                            "moe_per_expert": u.moe_per_expert,
                            "mamba_per_slot": u.mamba_per_slot, "swa_per_token": 0},
             "swa_full_tokens_ratio": 0.0, "swa_page_size": 0, "num_swa_pages": 0,
-            "cache_budget_bytes": engine.memory_model.cache_budget_bytes,
+            "cache_budget_bytes": s.cache_budget_bytes,
             "reasoning": None,
-            "limits": _limits_doc(engine),
+            "limits": _limits_doc(s),
         },
         # Deliberate difference: ft serve has no such block. It tells a client how this
         # engine executes a rebuild, so the planner prices it correctly.
         "engine": {"name": REFERENCE_ENGINE_NAME, "version": VERSION,
-                   "rebuild_mode": config.rebuild_mode,
-                   "chunk_bytes": config.chunk_bytes,
-                   "pause_budget_s": config.rebuild_pause_budget_s,
-                   "device": str(engine.device),
-                   "allocated_bytes": engine.memory.allocated_bytes},
+                   "rebuild_mode": s.rebuild_mode,
+                   "chunk_bytes": s.chunk_bytes,
+                   "pause_budget_s": s.pause_budget_s,
+                   "device": s.device,
+                   "allocated_bytes": s.allocated_bytes},
     }
 
 
-def health_doc(engine: ReferenceEngine) -> dict[str, Any]:
+def health_doc(s: EngineSnapshot) -> dict[str, Any]:
     """`GET /health`."""
-    return {"status": "ok", "model": engine.config.served_model_name,
-            "instance_id": engine.instance_id,
-            "uptime_s": int(engine.clock() - engine.started_s),
-            "maintenance": engine.state, "version": VERSION}
+    return {"status": "ok", "model": s.served_model_name,
+            "instance_id": s.instance_id,
+            "uptime_s": int(s.uptime_s),
+            "maintenance": s.state, "version": VERSION}
 
 
-def stats_doc(engine: ReferenceEngine) -> dict[str, Any]:
-    """`GET /v1/stats`."""
-    served = engine.served
+def stats_doc(s: EngineSnapshot, served: ServedRequests, now_s: float) -> dict[str, Any]:
+    """`GET /v1/stats`; `served` answers for the finished requests and decoded tokens."""
     durations = sorted(served.durations_ms)
     p95 = durations[min(len(durations) - 1, math.ceil(0.95 * len(durations)) - 1)] if (
         durations) else 0
     ttft = int(sum(served.ttft_ms) / len(served.ttft_ms)) if served.ttft_ms else 0
-    config = engine.config
+    g = s.geometry
     return {
-        "instance_id": engine.instance_id,
-        "model": {"id": config.served_model_name, "ctx": config.max_seq_len,
+        "instance_id": s.instance_id,
+        "model": {"id": s.served_model_name, "ctx": s.max_seq_len,
                   "attn": "hybrid_linear", "moe": True, "sampling": {"temperature": 0.0}},
-        "uptime_s": int(engine.clock() - engine.started_s),
-        "kv": {"used_pages": engine.kv.used_pages, "total_pages": engine.kv.num_pages,
-               "page_size": engine.shape.page_size},
-        "mamba": {"used_slots": engine.states.used_slots,
-                  "total_slots": engine.states.num_slots},
+        "uptime_s": int(s.uptime_s),
+        "kv": {"used_pages": s.used_pages, "total_pages": g.num_pages,
+               "page_size": s.shape.page_size},
+        "mamba": {"used_slots": s.used_mamba_slots,
+                  "total_slots": g.num_mamba_slots},
         "swa": None,
-        "vram_bytes": engine.memory.allocated_bytes + engine.weights_bytes,
-        "throughput": {"decode_tps": served.decode_tps(engine.clock()), "prefill_tps": 0.0},
-        "requests": {"active": len(engine.running) + len(engine.waiting),
+        "vram_bytes": s.allocated_bytes + s.weights_bytes,
+        "throughput": {"decode_tps": served.decode_tps(now_s), "prefill_tps": 0.0},
+        "requests": {"active": s.active_requests,
                      "completed": served.completed, "p95_ms": p95, "ttft_mean_ms": ttft,
                      "prompt_tokens_total": served.prompt_tokens_total,
                      "completion_tokens_total": served.completion_tokens_total},

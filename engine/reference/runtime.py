@@ -25,12 +25,7 @@ from typing import Any
 import torch
 
 from engine.ftserve.budget import MemoryModel
-from engine.ftserve.control import (
-    fit_check_error,
-    geometry_error,
-    parse_rebuild_body,
-    reply_body,
-)
+from engine.ftserve.control import Answered, Refused, rebuild_verdict, reply_body
 from engine.ftserve.geometry import (
     REFERENCE_ENGINE_NAME,
     EngineModel,
@@ -40,6 +35,13 @@ from engine.ftserve.geometry import (
     UnitCosts,
 )
 from engine.reference import documents
+from engine.reference.admission import (
+    AdmissionError,
+    ceiling,
+    fits,
+    fitted_max_tokens,
+    state_refusal,
+)
 from engine.reference.decoder import DecodeRequest, ModelSpec, TinyMoE
 from engine.reference.memory import DeviceMemory, emulate_card, enable_expandable_segments
 from engine.reference.pools import ExpertSlotPool, PagedKVPool, StatePool
@@ -95,16 +97,6 @@ class EngineConfig:
             raise ValueError("rebuild_pause_budget_s must be >= 0")
         if self.boot_drift_bytes and self.num_pages is not None:
             raise ValueError("a boot drift applies only to KV sized at boot (--kv-tokens auto)")
-
-
-class AdmissionError(Exception):
-    """A generation the engine refuses, with ft serve's HTTP status and message."""
-
-    def __init__(self, http_status: int, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.http_status = http_status
-        self.message = message
-        self.code = code
 
 
 @dataclass(slots=True)
@@ -241,35 +233,40 @@ class ReferenceEngine:
 
     # ---- documents (built by `engine.reference.documents`) ------------------------------
 
+    def snapshot(self) -> documents.EngineSnapshot:
+        config = self.config
+        return documents.EngineSnapshot(
+            instance_id=self.instance_id, state=self.state,
+            uptime_s=self.clock() - self.started_s, served_model_name=config.served_model_name,
+            max_seq_len=config.max_seq_len, geometry=self.geometry(), shape=self.shape,
+            units=self.units, floors=self.floors,
+            cache_budget_bytes=self.memory_model.cache_budget_bytes,
+            last_rebuild=self.last_rebuild, rebuild_mode=config.rebuild_mode,
+            chunk_bytes=config.chunk_bytes, pause_budget_s=config.rebuild_pause_budget_s,
+            device=str(self.device), allocated_bytes=self.memory.allocated_bytes,
+            weights_bytes=self.weights_bytes, used_pages=self.kv.used_pages,
+            used_mamba_slots=self.states.used_slots,
+            active_requests=len(self.running) + len(self.waiting))
+
     def status_doc(self) -> dict[str, Any]:
-        return documents.status_doc(self)
+        return documents.status_doc(self.snapshot())
 
     def health_doc(self) -> dict[str, Any]:
-        return documents.health_doc(self)
+        return documents.health_doc(self.snapshot())
 
     def stats_doc(self) -> dict[str, Any]:
-        return documents.stats_doc(self)
+        return documents.stats_doc(self.snapshot(), self.served, self.clock())
 
     def requests_doc(self, since: int | None, limit: int) -> dict[str, Any]:
         return self.served.requests_doc(since, limit)
 
     # ---- generation --------------------------------------------------------------------
 
-    def _refusal(self) -> AdmissionError | None:
-        if self.state == "serving" or (
-                self.state == "rebuilding" and self.config.rebuild_mode == "incremental"):
-            return None
-        if self.state == "failed":
-            return AdmissionError(503, "server unavailable: maintenance failed (restart required)")
-        if self.state == "loading":
-            return AdmissionError(503, "model is still loading")
-        return AdmissionError(503, "server unavailable: cache rebuild in progress")
-
     async def generate(self, prompt_ids: list[int], max_tokens: int, *, seed: int = 0,
                        path: str = "/v1/completions", stream: bool = False
                        ) -> AsyncIterator[int]:
         """Admit one request and yield its tokens; raises AdmissionError when refused."""
-        refusal = self._refusal()
+        refusal = state_refusal(self.state, self.config.rebuild_mode)
         if refusal is not None:
             raise refusal
         if not prompt_ids:
@@ -301,19 +298,7 @@ class ReferenceEngine:
             self._forget(run, status, error)
 
     def _fitted_max_tokens(self, prompt_tokens: int, max_tokens: int) -> int:
-        """Admission against the live context, as ft serve's (scheduler.py
-        `Scheduler._process_one_msg`): a prompt it cannot hold is refused with
-        `context_length_exceeded` and ft serve's message (the phrase agents match on), and
-        prompt + max_tokens above it is not refused: max_tokens is clipped to what is left.
-        The clip is not silent on the wire: the generation ends on its budget and reports
-        `finish_reason: "length"` with the tokens it really made in `usage`, streamed too."""
-        limit = self.max_seq_len()
-        if prompt_tokens >= limit:
-            raise AdmissionError(
-                400, f"prompt is too long: {prompt_tokens} tokens > {limit} maximum (prompt + "
-                     "generation); shorten the prompt or increase the KV cache budget",
-                code="context_length_exceeded")
-        return max(1, min(max_tokens, limit - prompt_tokens))
+        return fitted_max_tokens(prompt_tokens, max_tokens, self.max_seq_len())
 
     def _readmit_waiting(self) -> None:
         """Admission again for the requests still waiting, against the geometry a rebuild
@@ -347,24 +332,15 @@ class ReferenceEngine:
             stream=run.stream, error=error)
         self._wake.set()
 
-    def _page_ceiling(self) -> int:
-        """Usable pages admission may fill: during a KV shrink, the target's."""
-        job = self.rebuilds.job
-        if job is not None and job.target.num_pages < self.kv.num_pages:
-            return job.target.num_pages
-        return self.kv.num_pages
-
-    def _slot_ceiling(self) -> int:
-        job = self.rebuilds.job
-        if job is not None and job.target.num_mamba_slots < self.states.num_slots:
-            return job.target.num_mamba_slots
-        return self.states.num_slots
-
     def _admit(self) -> None:
+        job = self.rebuilds.job
+        pages = ceiling(self.kv.num_pages, None if job is None else job.target.num_pages)
+        slots = ceiling(self.states.num_slots,
+                        None if job is None else job.target.num_mamba_slots)
         while self.waiting and len(self.running) < self.config.max_running_requests:
             run = self.waiting[0]
-            if (self.kv.used_pages + run.need_pages > self._page_ceiling()
-                    or self.states.used_slots + 1 > self._slot_ceiling()):
+            if not fits(run.need_pages, self.kv.used_pages, pages, self.states.used_slots,
+                        slots):
                 return  # FIFO: a large request is not overtaken (no starvation)
             self.waiting.popleft()
             rid = run.decode.request_id
@@ -407,47 +383,25 @@ class ReferenceEngine:
 
     async def rebuild(self, raw: Any) -> tuple[int, dict[str, Any]]:
         """Handle `POST /v1/cache/rebuild`: (HTTP status, body), as ft serve answers."""
-        parsed = parse_rebuild_body(raw, modes=("if_idle", "incremental"))
-        if isinstance(parsed, tuple):
-            return parsed
-        if self.state == "loading":
-            return 503, {"status": "loading",
-                         "error": "model is still loading; cannot rebuild cache yet"}
-        if self.state == "failed":
-            return 503, {"status": "failed",
-                         "error": "server latched in maintenance; restart required"}
-        if self.state == "rebuilding":
-            return 409, {"status": "busy", "error": "a cache rebuild is already in progress"}
-        if self.state == "stopping":
-            return 409, {"status": "busy", "error": "engine stop is in progress"}
+        verdict = rebuild_verdict(
+            raw, state=self.state, mode=self.config.rebuild_mode, live=self.geometry(),
+            model=self.memory_model, used_pages=self.kv.used_pages,
+            used_mamba_slots=self.states.used_slots, busy=bool(self.running or self.waiting))
+        if isinstance(verdict, Answered):
+            return verdict.http_status, verdict.body
         request_id = str(uuid.uuid4())
-        live = self.geometry()
-        target = parsed.target(live)
-        error = geometry_error(parsed, self.memory_model) or fit_check_error(
-            target, self.memory_model) or self._live_content_error(target)
-        if error is not None:
-            return self._finish(request_id, "rejected", error, 503)
-        if self.config.rebuild_mode == "freetoken" and (self.running or self.waiting):
-            # ft serve's scheduler answers `busy` with no error text (a full reply, 503).
-            return self._finish(request_id, "busy", None, 503)
+        if isinstance(verdict, Refused):
+            return self._finish(request_id, verdict.status, verdict.error, 503)
         loop = asyncio.get_running_loop()
-        job = self.rebuilds.begin(request_id, live, target, loop.create_future(), self.clock())
+        job = self.rebuilds.begin(request_id, self.geometry(), verdict.target,
+                                  loop.create_future(), self.clock())
         self.state = "rebuilding"
         self._emit("rebuild_started", job)
         self._wake.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(job.done), timeout=parsed.timeout_s)
+            return await asyncio.wait_for(asyncio.shield(job.done), timeout=verdict.timeout_s)
         except TimeoutError:
             return 504, {"status": "timeout", "request_id": request_id}
-
-    def _live_content_error(self, target: Geometry) -> str | None:
-        if target.num_pages < self.kv.used_pages:
-            return (f"kv: {self.kv.used_pages} pages are live in running requests; cannot "
-                    f"shrink to {target.num_pages}")
-        if target.num_mamba_slots < self.states.used_slots:
-            return (f"mamba: {self.states.used_slots} slots are live in running requests; "
-                    f"cannot shrink to {target.num_mamba_slots}")
-        return None
 
     def _finish(self, request_id: str, status: str, error: str | None,
                 http_status: int) -> tuple[int, dict[str, Any]]:
