@@ -83,7 +83,7 @@ from engine.ftserve.geometry import parse_cache_status
 from engine.ftserve.planner import plan_transition
 from ladder.config import merge
 from ladder.daemon import build_daemon
-from ladder.demo import demo_engine_config, free_port, random_words
+from ladder.demo import demo_engine_config, random_words, start_daemon
 from ladder.rungs import Ladder, LadderSpec, build_ladder
 from ladder.sse import generated_text
 from ladder.tokenizer_file import write_reference_tokenizer
@@ -482,12 +482,10 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
             if base_arm(arm) in DAEMON_ARMS:
                 tokenizer = Path(tmp.name) / "tokenizer.json"
                 write_reference_tokenizer(tokenizer, engine.tokenizer.vocab_size)
-                gate_port = free_port()
-                daemon = build_daemon(daemon_config(arm, url, f"127.0.0.1:{gate_port}",
-                                                    str(tokenizer), opts), session)
+                daemon = build_daemon(daemon_config(arm, url, "127.0.0.1:0", str(tokenizer),
+                                                    opts), session)
                 controller = daemon.controllers[0]
-                daemon_task = asyncio.create_task(daemon.run())
-                target = f"http://127.0.0.1:{gate_port}"
+                daemon_task, target = await start_daemon(daemon)
                 await settle(arm, controller, opts)
 
             def counters() -> tuple[int, int]:

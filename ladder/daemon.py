@@ -160,7 +160,7 @@ class Daemon:
             for server in self.config.servers:
                 gate = self.gates.get(server.name)
                 if gate is not None and server.gate_listen is not None:
-                    host, port = parse_hostport(server.gate_listen)
+                    host, port = parse_hostport(server.gate_listen, any_port=True)
                     runners.append(await self._listen(f"gate:{server.name}", gate.make_app(),
                                                       host, port, has_token=False))
             if on_ready is not None:

@@ -26,7 +26,7 @@ from ladder.sse import generated_text
 from ladder.tokenizer_file import write_reference_tokenizer
 
 __all__ = ["DemoResult", "demo_engine_config", "free_port", "plot", "random_words",
-           "render_summary", "run_demo"]
+           "render_summary", "run_demo", "start_daemon"]
 
 
 @dataclass
@@ -99,12 +99,12 @@ def demo_engine_config() -> Any:
                         chunk_bytes=1 << 20, served_model_name="demo-moe")
 
 
-def _daemon_config(engine_url: str, gate_port: int, tokenizer_path: str, dwell_s: float) -> Any:
+def _daemon_config(engine_url: str, tokenizer_path: str, dwell_s: float) -> Any:
     from ladder.config import merge
 
     return merge({
         "servers": [{
-            "name": "demo", "url": engine_url, "gate_listen": f"127.0.0.1:{gate_port}",
+            "name": "demo", "url": engine_url, "gate_listen": "127.0.0.1:0",
             "policy": "headroom", "tokenizer_path": tokenizer_path,
             "policy_options": {"margin": 0.1, "growth_tokens": 64, "dwell_s": dwell_s},
             "ladder": {"kv_floor_tokens": 512}}],
@@ -158,12 +158,9 @@ async def run_demo(*, seed: int = 0, short_requests: int = 6, long_prompt_tokens
         write_reference_tokenizer(tokenizer, engine.tokenizer.vocab_size)
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)))
-        gate_port = free_port()
-        daemon = build_daemon(_daemon_config(url, gate_port, str(tokenizer), dwell_s),
-                              session)
+        daemon = build_daemon(_daemon_config(url, str(tokenizer), dwell_s), session)
         controller = daemon.controllers[0]
-        daemon_task = asyncio.create_task(daemon.run())
-        gate = f"http://127.0.0.1:{gate_port}"
+        daemon_task, gate = await start_daemon(daemon)
         result = DemoResult(phases=[], transitions=[])
         seen = 0
 
@@ -234,6 +231,20 @@ async def run_demo(*, seed: int = 0, short_requests: int = 6, long_prompt_tokens
         await daemon_task
     result.wall_s = time.perf_counter() - started
     return result
+
+
+async def start_daemon(daemon: Any) -> tuple[asyncio.Task[None], str]:
+    """Run `daemon` (its gate listening on port 0) until it listens; its task and its gate's
+    URL. The kernel picks the port as it binds: a port picked beforehand and bound later can
+    be taken in between, by any loopback client's ephemeral port (a GPU run lost an arm so)."""
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(daemon.run(on_ready=lambda _d: ready.set_result(None)))
+    await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
+    if not ready.done():
+        await task  # it ended before listening: raise its error
+        raise RuntimeError("the daemon stopped before it listened")
+    name = daemon.controllers[0].name
+    return task, f"http://127.0.0.1:{daemon.listening[f'gate:{name}']}"
 
 
 def free_port() -> int:

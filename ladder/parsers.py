@@ -214,8 +214,9 @@ def parse_hostport(value: object, *, any_port: bool = False) -> tuple[str, int]:
 
 
 def hostport(value: object) -> str:
-    """`HOST:PORT`, normalised (IPv6 hosts in brackets)."""
-    host, number = parse_hostport(value)
+    """`HOST:PORT`, normalised (IPv6 hosts in brackets); port 0 lets the kernel pick one as
+    the listener binds (the daemon's status shows which)."""
+    host, number = parse_hostport(value, any_port=True)
     return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
 
 

@@ -307,7 +307,7 @@ def _validate(config: DaemonConfig) -> None:
                                             f"servers[{names[server.name]}].name)")
         names[server.name] = index
         if server.gate_listen is not None:
-            host, port = parse_hostport(server.gate_listen)
+            host, port = parse_hostport(server.gate_listen, any_port=True)
             for (other_host, other_port), owner in binds.items():
                 if port == other_port and port != 0 and (
                         host == other_host or _wildcard_host(host)

@@ -325,7 +325,7 @@ INVALID: list[tuple[dict[str, Any], dict[str, str], dict[str, Any], str, str]] =
     ({"servers": [{"policy": "not a policy"}]}, {}, {}, "servers[0].policy", "module:attr"),
     ({"servers": [{"gate_listen": "8000"}]}, {}, {}, "servers[0].gate_listen", "HOST:PORT"),
     ({"servers": [{"gate_listen": "127.0.0.1:70000"}]}, {}, {}, "servers[0].gate_listen",
-     "1-65535"),
+     "0-65535"),
     ({"servers": [{"name": "a", "gate_listen": "0.0.0.0:8000"},
                   {"name": "b", "gate_listen": "127.0.0.1:8000"}]}, {}, {},
      "servers[1].gate_listen", "also taken by servers[0].gate_listen"),
