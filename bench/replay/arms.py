@@ -66,13 +66,11 @@ class World:
 async def replay_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions,
                      world: World, bank: RoutingBank,
                      oracle_rungs: Sequence[int] | None = None, *,
-                     forwarded_demand: bool = True,
-                     windows: dict[int, tuple[float, ...]] | None = None) -> ArmResult:
+                     forwarded_demand: bool = True) -> ArmResult:
     """One arm on a fresh simulated server, in the running (virtual-time) loop.
 
     `forwarded_demand` False replays the daemon from before the gate counted forwarded,
-    unanswered requests as live demand (bench/results/h200's earlier records). `windows`, when
-    given, gets each served request's decode window as `LEDGER` totals (for the fit)."""
+    unanswered requests as live demand (bench/results/h200's earlier records)."""
     costs = world.costs.with_misses_free() if arm == NO_MISS else world.costs
     engine = SimEngine(world.spec.in_mode(engine_mode(arm)), costs, bank,
                        instance_id=f"replay-{world.name}-{arm}")
@@ -124,6 +122,7 @@ async def replay_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions
                 row.status = result.http_status if isinstance(result, AdmissionError) else 503
                 row.error = str(result)[:200]
                 return
+            assert isinstance(result, Generation)
             row.status = 200
             row.completion_tokens = result.generated
             if result.first_token_s is not None and result.last_token_s is not None:
@@ -131,10 +130,6 @@ async def replay_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions
                 row.decode_s = result.last_token_s - result.first_token_s
                 row.window_hits = result.at_last[0] - result.at_first[0]
                 row.window_misses = result.at_last[1] - result.at_first[1]
-                if windows is not None:
-                    windows[row.index] = tuple(
-                        b - a for a, b in zip(result.ledger_at_first, result.ledger_at_last,
-                                              strict=True))
 
         return await drive_arm(arm, trace, opts, engine, ladder, start, controller, send,
                                asyncio.Event(), oracle_rungs)
@@ -148,15 +143,12 @@ async def replay_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions
 
 def replay_trace(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOptions,
                  world: World, arms: Sequence[str], *, priced_oracle: bool = True,
-                 forwarded_demand: bool = True,
-                 windows: dict[str, dict[int, tuple[float, ...]]] | None = None,
-                 ) -> dict[str, Any]:
+                 forwarded_demand: bool = True) -> dict[str, Any]:
     """Every arm of `arms` on `trace`, the oracle last (it is priced by the others), each in
     its own virtual-time loop: the run document of bench/policy_bench.py.
 
     `priced_oracle` False replays the bench's first oracle (the lowest rung holding each
-    request, no schedule), which the earlier H200 records ran. `windows[arm]` gets the arm's
-    decode windows (see `replay_arm`)."""
+    request, no schedule), which the earlier H200 records ran."""
     logging.getLogger("ladder").setLevel(logging.WARNING)
     bank = RoutingBank(world.spec.routing, opts.seed)
     miss_us = world.costs.miss_s * 1e6
@@ -169,8 +161,6 @@ def replay_trace(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOpti
                                    lookups_per_token=world.spec.routing.lookups_per_token,
                                    copy_us=miss_us)
         rungs = plan["rungs"] if arm == "oracle" and plan else None
-        arm_windows = None if windows is None else windows.setdefault(arm, {})
         results[arm] = run_virtual(replay_arm(arm, trace, opts, world, bank, rungs,
-                                              forwarded_demand=forwarded_demand,
-                                              windows=arm_windows))
+                                              forwarded_demand=forwarded_demand))
     return run_doc(trace_kind, opts.seed, trace, results, None, miss_us, plan)

@@ -29,16 +29,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.replay.calibration import SCHEMA, Costs, Parameter, profile_doc
+from bench.replay.calibration import SCHEMA, Parameter, profile_doc
 from engine.reference.routing import PRESET_B, simulate_lru_hit_rate
 
 __all__ = ["LADDER_RECORDS", "calibration_doc", "decode_samples", "fit_decode", "main"]
@@ -300,41 +298,3 @@ def main(out: str) -> int:
             print(f"  {key:<20} {p['value']:<14.6g} {p['unit']:<4} {p['source'][:90]}")
     return 0
 
-
-_REFINED = ("round_s", "request_s", "context_token_s", "miss_s", "prefill_s", "prefill_token_s")
-
-
-def refine(costs: Costs, names: Sequence[str], *, iterations: int = 3,
-           ) -> tuple[Costs, int, float]:
-    """The decode and prefill terms fitted through the replay itself: replay every arm of each
-    record in `names` as it ran, take each request's decode window as the replay's own totals
-    of what the engine did in it (`server.LEDGER`: rounds, request tokens, context tokens,
-    misses, other requests' prefills and their tokens, rebuild time), and regress the
-    measured window seconds (less the rebuild time, priced by the chunk costs) on them, every
-    coefficient >= 0. The windows depend on the costs (a slower engine overlaps more
-    requests), so it iterates from `costs`. Returns the costs, the windows fitted and the
-    share of measured decode seconds the fit leaves unexplained (sum |residual| / sum)."""
-    from bench.replay.records import load_record, replay_record
-
-    unexplained = math.inf
-    samples = 0
-    for _ in range(iterations):
-        rows_x: list[list[float]] = []
-        rows_y: list[float] = []
-        for name in names:
-            _, _, run = load_record(name)
-            windows: dict[str, dict[int, tuple[float, ...]]] = {}
-            replay_record(name, costs, windows=windows)
-            for arm, rows in run["per_request"].items():
-                for row in rows:
-                    ledger = windows.get(arm, {}).get(row["index"])
-                    if row["refused"] or ledger is None or ledger[0] < 2:
-                        continue
-                    rows_x.append(list(ledger[:6]))
-                    rows_y.append(row["decode_s"] - ledger[6])
-        x, y = np.array(rows_x), np.array(rows_y)
-        coef = _nonnegative_lstsq(x, y, np.ones(len(y)))
-        costs = replace(costs, **dict(zip(_REFINED, map(float, coef), strict=True)))
-        unexplained = float(np.sum(np.abs(x @ coef - y)) / np.sum(y))
-        samples = len(y)
-    return costs, samples, unexplained

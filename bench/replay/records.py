@@ -61,7 +61,6 @@ def load_record(name: str) -> tuple[RecordSetup, dict[str, Any], dict[str, Any]]
 
 
 def replay_record(name: str, costs: Costs, arms: Sequence[str] | None = None,
-                  windows: dict[str, dict[int, tuple[float, ...]]] | None = None,
                   ) -> dict[str, Any]:
     """Every arm of record `name` (or `arms`) replayed as it ran, priced by `costs`."""
     setup, meta, run = load_record(name)
@@ -75,4 +74,4 @@ def replay_record(name: str, costs: Costs, arms: Sequence[str] | None = None,
                         output_scale=meta["output_scale"])
     return replay_trace(run["trace"], trace, opts, world, list(arms or run["arms"]),
                         priced_oracle=setup.priced_oracle,
-                        forwarded_demand=setup.fixed_demand, windows=windows)
+                        forwarded_demand=setup.fixed_demand)

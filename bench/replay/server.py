@@ -53,13 +53,7 @@ from engine.reference.admission import (
 )
 from ladder.client import FtServeClient
 
-__all__ = ["LEDGER", "Generation", "ServerSpec", "SimClient", "SimEngine"]
-
-# What the engine's time went to, as running totals (`SimEngine.ledger`): a request's decode
-# window is the difference between the totals at its last and at its first token, which is
-# what bench/replay/fit.py regresses measured windows on.
-LEDGER = ("rounds", "request_tokens", "context_tokens", "misses", "prefills",
-          "prefill_tokens", "rebuild_s")
+__all__ = ["Generation", "ServerSpec", "SimClient", "SimEngine"]
 
 # As engine.reference.rebuild: an idle rebuild yields to the event loop after this much work.
 _IDLE_SLICE_S = 0.05
@@ -147,8 +141,6 @@ class Generation:
     # The engine's expert (hits, misses) when the first and the last token arrived.
     at_first: tuple[int, int] = (0, 0)
     at_last: tuple[int, int] = (0, 0)
-    ledger_at_first: tuple[float, ...] = ()
-    ledger_at_last: tuple[float, ...] = ()
     # Set at the first token, or when the generation ends without one.
     admitted: asyncio.Event | None = None
     done: asyncio.Future[AdmissionError | None] = field(
@@ -207,7 +199,6 @@ class SimEngine:
         self.job: _Job | None = None
         self.listeners: list[Callable[[str, Any], None]] = []
         self.rebuilds = 0
-        self.ledger = [0.0] * len(LEDGER)
         self._loop = asyncio.get_running_loop()
         self._started_s = self._loop.time()
         self._wake = asyncio.Event()
@@ -328,16 +319,11 @@ class SimEngine:
     def _decode_cost(self) -> float:
         """One round: every running request's next token, looked up in order."""
         c = self.costs
-        ledger = self.ledger
         cost = c.round_s
-        ledger[0] += 1
         for run in self.running:
             misses = self.experts.token(run.keys[run.generated])
             context = run.prompt_tokens + run.generated
             cost += c.request_s + c.context_token_s * context + c.miss_s * misses
-            ledger[1] += 1
-            ledger[2] += context
-            ledger[3] += misses
             run.generated += 1
         return cost
 
@@ -347,8 +333,6 @@ class SimEngine:
             if admitted:
                 # Each admission prefills inside the round: nothing decodes meanwhile.
                 prompts = sum(run.prompt_tokens for run in admitted)
-                self.ledger[4] += len(admitted)
-                self.ledger[5] += prompts
                 await asyncio.sleep(len(admitted) * self.costs.prefill_s
                                     + self.costs.prefill_token_s * prompts)
             progressed = self.job is not None and await self._advance()
@@ -360,14 +344,13 @@ class SimEngine:
             await asyncio.sleep(self._decode_cost())
             now = self.now()
             counters = (self.experts.hits, self.experts.misses)
-            ledger = tuple(self.ledger)
             for run in list(self.running):
                 self.served.token(now)
                 if run.first_token_s is None:
-                    run.first_token_s, run.at_first, run.ledger_at_first = now, counters, ledger
+                    run.first_token_s, run.at_first = now, counters
                     if run.admitted is not None:
                         run.admitted.set()
-                run.last_token_s, run.at_last, run.ledger_at_last = now, counters, ledger
+                run.last_token_s, run.at_last = now, counters
                 if run.generated >= run.max_tokens:
                     self._finish(run, None)
 
@@ -442,7 +425,6 @@ class SimEngine:
                 return False
             # One blocking call; ft serve's own time when measured, else its operations'.
             spent = self.costs.freetoken_rebuild_s or sum(map(self.op_s, job.ops))
-            self.ledger[6] += spent
             await asyncio.sleep(spent)
             if job.target.moe_cache_size != job.start.moe_cache_size:
                 self.experts.clear()  # the pool was reallocated: the cache restarts cold
@@ -459,7 +441,6 @@ class SimEngine:
                 spent += self.op_s(op)
                 if spent >= budget:
                     break
-            self.ledger[6] += spent
             await asyncio.sleep(spent)
             for op in ran:
                 self._apply(op)
