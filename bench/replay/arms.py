@@ -46,12 +46,15 @@ from ladder.daemon import build_daemon
 from ladder.gate import REBUILD_IN_PROGRESS, REBUILD_RACE, GateRefusal, RebuildRace
 from ladder.sizing import RequestSize
 
-__all__ = ["NO_MISS", "REPLAY_ARMS", "World", "replay_arm", "replay_trace"]
+__all__ = ["ARM_LIMIT_S", "NO_MISS", "REPLAY_ARMS", "World", "replay_arm", "replay_trace"]
 
 NO_MISS = "no-miss"
 REPLAY_ARMS = (*ARMS, NO_MISS)
 _URL = "http://replay.invalid:1919"
 _GATE_LISTEN = "127.0.0.1:1920"  # never bound: the replay calls the gate's hold directly
+# An arm's virtual-time limit: the bench's arms finish in minutes; one still running after an
+# hour is stalled, and is reported as such (`VirtualTimeExceeded`), not waited out.
+ARM_LIMIT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -162,5 +165,6 @@ def replay_trace(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchOpti
                                    copy_us=miss_us)
         rungs = plan["rungs"] if arm == "oracle" and plan else None
         results[arm] = run_virtual(replay_arm(arm, trace, opts, world, bank, rungs,
-                                              forwarded_demand=forwarded_demand))
+                                              forwarded_demand=forwarded_demand),
+                                   limit_s=ARM_LIMIT_S)
     return run_doc(trace_kind, opts.seed, trace, results, None, miss_us, plan)

@@ -39,7 +39,8 @@ import numpy as np
 from bench.replay.calibration import SCHEMA, Parameter, profile_doc
 from engine.reference.routing import PRESET_B, simulate_lru_hit_rate
 
-__all__ = ["LADDER_RECORDS", "calibration_doc", "decode_samples", "fit_decode", "main"]
+__all__ = ["LADDER_RECORDS", "calibration_doc", "decode_samples", "fit_decode", "h200_parameters",
+           "main"]
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
 LADDER_RECORDS = ("ladder-agentic.json", "ladder-mixed.json", "ladder-mixed-earlier-calls.json",
@@ -245,17 +246,19 @@ def _report_profile(h200: Mapping[str, Parameter], ftserve_steps: Sequence[float
     }
 
 
-def calibration_doc(results: Path = RESULTS, *, hit_tokens: int = 400) -> dict[str, Any]:
-    """Both profiles, fitted from the records under `results`."""
-    runs = [run for name in LADDER_RECORDS
+def h200_parameters(results: Path = RESULTS,
+                    records: Sequence[str] = LADDER_RECORDS) -> dict[str, Parameter]:
+    """The h200-bench profile, its decode and prefill terms fitted from `records` alone (the
+    fidelity check leaves one out to predict it)."""
+    runs = [run for name in records
             for run in json.loads((results / name).read_text())["runs"].values()]
     decode, windows, residual = fit_decode(runs)
     lookups = 24 * 8  # gpu_engine_config: 24 layers, top-8
     prefill_s, prefill_token_s, prefills = fit_prefill(runs, decode, lookups)
-    records = ", ".join(f"bench/results/h200/{n}" for n in LADDER_RECORDS)
-    fit = (f"least squares (>= 0) over {windows} decode windows of {records} (median "
+    names = ", ".join(f"bench/results/h200/{n}" for n in records)
+    fit = (f"least squares (>= 0) over {windows} decode windows of {names} (median "
            f"|residual| {residual:.1%})")
-    h200 = {
+    return {
         "round_s": Parameter(decode["round_s"], "s", f"{fit}: once per round"),
         "request_s": Parameter(decode["request_s"], "s", f"{fit}: per request in the round"),
         "context_token_s": Parameter(decode["context_token_s"], "s",
@@ -271,6 +274,11 @@ def calibration_doc(results: Path = RESULTS, *, hit_tokens: int = 400) -> dict[s
                                          "operations in freetoken mode (each touched pool "
                                          "freed, then reallocated)"),
     }
+
+
+def calibration_doc(results: Path = RESULTS, *, hit_tokens: int = 400) -> dict[str, Any]:
+    """Both profiles, fitted from the records under `results`."""
+    h200 = h200_parameters(results)
     steps = list(_ftserve_rebuild_steps(json.loads((results / "ftserve-e2e.json").read_text())))
     return {
         "schema": SCHEMA,

@@ -17,9 +17,14 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LoopClock", "VirtualTimeLoop", "run_virtual"]
+__all__ = ["LoopClock", "VirtualTimeExceeded", "VirtualTimeLoop", "run_virtual"]
 
 T = TypeVar("T")
+
+
+class VirtualTimeExceeded(RuntimeError):
+    """The program was still running when its virtual clock passed its limit: a livelock (a
+    request waiting for pages no rung will give back, while the daemon polls forever)."""
 
 
 class _JumpSelector(selectors.DefaultSelector):
@@ -42,17 +47,21 @@ class _JumpSelector(selectors.DefaultSelector):
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    def __init__(self, start_s: float = 0.0) -> None:
+    def __init__(self, start_s: float = 0.0, limit_s: float = float("inf")) -> None:
         selector = _JumpSelector()
         super().__init__(selector)
         selector.loop = self
         self._now_s = start_s
+        self.limit_s = limit_s
 
     def time(self) -> float:
         return self._now_s
 
     def advance(self, seconds: float) -> None:
         self._now_s += max(0.0, seconds)
+        if self._now_s > self.limit_s:
+            self.limit_s = float("inf")  # once: the cleanup that follows may still run
+            raise VirtualTimeExceeded(f"virtual time passed {self._now_s:.0f} s")
 
 
 class LoopClock:
@@ -65,9 +74,10 @@ class LoopClock:
         await asyncio.sleep(max(0.0, seconds))
 
 
-def run_virtual(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)` on a fresh `VirtualTimeLoop`, closed afterwards."""
-    loop = VirtualTimeLoop()
+def run_virtual(main: Coroutine[Any, Any, T], *, limit_s: float = float("inf")) -> T:
+    """`asyncio.run(main)` on a fresh `VirtualTimeLoop`, closed afterwards;
+    `VirtualTimeExceeded` once its clock passes `limit_s`."""
+    loop = VirtualTimeLoop(limit_s=limit_s)
     try:
         return loop.run_until_complete(main)
     finally:

@@ -1,0 +1,174 @@
+"""`python -m bench.replay {fit,fidelity,seeds}`: the calibrated virtual-time replay's commands.
+
+- `fit`: refit bench/calibration/h200.json from the H200 records (pure arithmetic);
+- `fidelity`: replay every arm of every H200 ladder record and print measured, predicted and
+  error, in sample and held out (bench/results/replay-fidelity.json);
+- `seeds`: every workload x seed x arm, over worker processes, with bootstrap intervals and
+  the targets (bench/results/replay-seeds.json).
+
+Each writes its JSON document and prints a short table; `--json` prints the document instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.output import report_json
+from bench.policy_arms import DEFAULT_ARM
+from bench.replay import fit
+from bench.replay.arms import REPLAY_ARMS
+from bench.replay.calibration import DEFAULT_CALIBRATION, CalibrationError, load_profile
+from bench.replay.seeds import WORKLOADS, default_workers, replay_seeds, summarize_replay
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def _seeds_arg(text: str) -> list[int]:
+    """`30` (seeds 0..29), `0,3,7` or `5-9`."""
+    try:
+        if "," in text:
+            return [int(s) for s in text.split(",")]
+        if "-" in text:
+            lo, hi = map(int, text.split("-"))
+            return list(range(lo, hi + 1))
+        return list(range(int(text)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds: a count, a list (0,3,7) or a range (5-9), "
+                                         f"not {text!r}") from None
+
+
+def _names(allowed: Sequence[str], what: str):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> list[str]:
+        names = [n for n in text.split(",") if n]
+        unknown = [n for n in names if n not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"{what}: {', '.join(unknown) or 'none given'} "
+                                             f"(known: {', '.join(allowed)})")
+        return names
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fit", help="refit the calibration file from the H200 records")
+    f.add_argument("--out", default=str(DEFAULT_CALIBRATION), help="where to write it")
+    for name, help_text, out in (
+            ("fidelity", "measured vs predicted decode tok/s on every H200 record",
+             "replay-fidelity.json"),
+            ("seeds", "every workload x seed x arm, with bootstrap intervals and targets",
+             "replay-seeds.json")):
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("--calibration", default=str(DEFAULT_CALIBRATION),
+                       help="calibration file (default: %(default)s)")
+        s.add_argument("--out", default=str(RESULTS / out), help="where to write the JSON "
+                       "document (default: %(default)s)")
+        s.add_argument("--json", action="store_true", help="print the document, not a table")
+    fid = sub.choices["fidelity"]
+    fid.add_argument("--no-held-out", action="store_true",
+                     help="skip the leave-one-record-out refit (half the time)")
+    seeds = sub.choices["seeds"]
+    seeds.add_argument("--seeds", type=_seeds_arg, default=_seeds_arg("30"),
+                       help="a count (30: seeds 0-29), a list (0,3,7) or a range (5-9)")
+    seeds.add_argument("--workloads", type=_names(list(WORKLOADS), "unknown workload"),
+                       default=list(WORKLOADS), help="comma-separated (default: all: "
+                       f"{','.join(WORKLOADS)})")
+    seeds.add_argument("--arms", type=_names(REPLAY_ARMS, "unknown arm"),
+                       default=list(REPLAY_ARMS), help="comma-separated (default: all)")
+    seeds.add_argument("--workers", type=int, default=default_workers(),
+                       help="worker processes (default: %(default)s)")
+    return p
+
+
+def _fidelity_table(doc: dict[str, Any]) -> str:
+    lines = [f"{'record':<30} {'arm':<14} {'measured':>9} {'in-sample':>10} {'err':>7} "
+             f"{'held-out':>9} {'err':>7}"]
+    for name, entry in doc["records"].items():
+        held = entry.get("held_out", {}).get("arms", {})
+        for arm, r in entry["in_sample"]["arms"].items():
+            if r.get("stalled"):
+                lines.append(f"{name:<30} {arm:<14} {r['measured_tps']:>9.2f} {'stalled':>10}")
+                continue
+            if "error" not in r:
+                lines.append(f"{name:<30} {arm:<14} served {r['measured_served']} measured, "
+                             f"{r['predicted_served']} predicted")
+                continue
+            h = held.get(arm, {})
+            held_cells = (f"{h['predicted_tps']:>9.2f} {h['error']:>+7.1%}" if "error" in h
+                          else "")
+            lines.append(f"{name:<30} {arm:<14} {r['measured_tps']:>9.2f} "
+                         f"{r['predicted_tps']:>10.2f} {r['error']:>+7.1%} {held_cells}")
+    for kind, s in doc["summary"].items():
+        lines.append(f"{kind}: {s['arms_within_10pct']}/{s['arms_compared']} arms within 10 %,"
+                     f" max |error| {s['max_abs_error']:.1%}, {s['discordant_pairs']} arm "
+                     "pairs ordered otherwise")
+    lines.extend(f"device A/A: {r['trace']} {r['arm']} measured {r['measured_tps']} in "
+                 f"{', '.join(r['records'])}: {r['spread']:.1%} apart"
+                 for r in doc["device_repeatability"])
+    return "\n".join(lines)
+
+
+def _seeds_table(traces: dict[str, Any]) -> str:
+    lines = []
+    for workload, s in traces.items():
+        lines.append(f"{workload}: {len(s['seeds'])} seeds, decode tok/s median [p5]")
+        for arm, st in s["stats_tps"].items():
+            if st["n"]:
+                lines.append(f"  {arm:<22} {st['median']:>8.2f} [{st['p5']:.2f}]")
+        for name, st in s["stats"].items():
+            if st["n"]:
+                lines.append(f"  {name:<26} median {st['median']:.3f} "
+                             f"{st['median_ci95']}  p5 {st['p5']:.3f}  min {st['min']:.3f}")
+        for name, check in s["targets"].items():
+            lines.append(f"  target {name}: {check['value']:.3f} "
+                         f"{'met' if check['met'] else 'MISSED by ' + format(-check['by'], '.3f')}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "fit":
+        return fit.main(args.out)
+    started = time.perf_counter()
+    try:
+        if args.command == "fidelity":
+            from bench.replay.fidelity import fidelity_doc
+
+            costs, _ = load_profile(args.calibration, "h200-bench")
+            doc = fidelity_doc(costs, held_out=not args.no_held_out)
+            table = _fidelity_table(doc)
+        else:
+            for workload in args.workloads:  # fail before any work on a bad file
+                load_profile(args.calibration, WORKLOADS[workload].world)
+            runs = replay_seeds(args.workloads, args.seeds, workers=args.workers,
+                                arms=args.arms, calibration=Path(args.calibration))
+            traces = summarize_replay(runs, DEFAULT_ARM)
+            doc = {"meta": {"schema": "moe-ladder.replay-seeds.v1",
+                            "default_arm": DEFAULT_ARM, "calibration": args.calibration,
+                            "workloads": {w: asdict(WORKLOADS[w]) for w in args.workloads},
+                            "arms": args.arms, "workers": args.workers},
+                   "traces": traces,
+                   # Each run's per-arm summary and ratios (its per-request rows and timeline
+                   # would make the file tens of megabytes; a rerun of one seed gives them).
+                   "runs": {k: {f: run[f] for f in ("trace", "seed", "arms", "ratios")}
+                            for k, run in runs.items()}}
+            table = _seeds_table(traces)
+    except CalibrationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    doc.setdefault("meta", {})["wall_s"] = round(time.perf_counter() - started, 1)
+    report_json(doc, args.out, indent=1, emit=print if args.json else None)
+    if not args.json:
+        print(f"{table}\nwrote {args.out} ({doc['meta']['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
