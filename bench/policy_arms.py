@@ -98,12 +98,13 @@ __all__ = ["ARMS", "DAEMON_ARMS", "DEFAULT_ARM", "MEASURED_WINDOW_S", "MOE_LADDE
 
 # The oracle last: it is priced with what the arms before it measured.
 ARMS = ("static-full", "static-short", "grow-only", "headroom", "throughput", "pinned-0",
-        f"{FREETOKEN}static-full", f"{FREETOKEN}grow-only", f"{FREETOKEN}headroom", "oracle")
+        f"{FREETOKEN}static-full", f"{FREETOKEN}grow-only", f"{FREETOKEN}headroom",
+        f"{FREETOKEN}pinned-0", "oracle")
 DAEMON_ARMS = ("grow-only", "headroom", "throughput", "pinned-0")
 MOE_LADDER_ARMS = ("headroom", "throughput")
 # The arm of the daemon's default policy (`ladder run` without --policy; a test holds the two
 # together): the seeds summary reports it under the `headroom_vs_*` keys.
-DEFAULT_ARM = "headroom"
+DEFAULT_ARM = "pinned-0"
 TRACES = ("mixed", "agentic", "chat", "handoff")
 
 

@@ -164,20 +164,21 @@ MIN_USEFUL_RUNGS = 4
 
 @dataclass(frozen=True, slots=True)
 class SmallBudgetHint:
-    """A floor and a growth reserve that give a small budget a ladder worth stepping on."""
+    """A floor that gives a small budget a ladder worth stepping on, and the growth reserve
+    that suits it for the `headroom` policy (the default `pinned` reserves none)."""
 
     top_kv_tokens: int
     kv_floor_tokens: int
     growth_tokens: int
 
     def flags(self) -> str:
-        return (f"--kv-floor {self.kv_floor_tokens} "
-                f"--policy-option growth_tokens={self.growth_tokens}")
+        return f"--kv-floor {self.kv_floor_tokens}"
 
     def message(self, rungs: int) -> str:
         return (f"this budget holds at most {self.top_kv_tokens:,} KV tokens, so the "
-                f"{rungs}-rung ladder leaves the daemon little to step between (and headroom's "
-                f"default 8k growth reserve never fits): for `ladder run`, try {self.flags()}")
+                f"{rungs}-rung ladder leaves the daemon little to step between: for `ladder "
+                f"run`, try {self.flags()} (with --policy headroom, also --policy-option "
+                f"growth_tokens={self.growth_tokens}: its default 8k reserve never fits)")
 
 
 def small_budget_hint(ladder: Ladder, spec: LadderSpec) -> SmallBudgetHint | None:

@@ -1,7 +1,9 @@
 """Policies: which rung to want, given an observation; pure, no I/O, no clock, no torch.
 
-`api` (the interface: `Observation`, `LadderView`, `Decision`), `headroom` (the default, and
-the demand rule every built-in honours), `throughput` (steps down only when the gain pays
-back a transition), `pinned` (a fixed rung, for comparisons), `registry` (finds a policy by
+`api` (the interface: `Observation`, `LadderView`, `Decision`), `pinned` (the default: rung
+0 raised to the lowest rung holding demand, or a fixed rung for comparisons), `headroom`
+(demand plus a turn of growth, a dwell before stepping down; the demand rule every built-in
+honours lives there), `throughput` (steps down only when the gain pays back a transition),
+`registry` (finds a policy by
 name, entry point or `module:attr`). It imports nothing of `ladder` or `engine`.
 """

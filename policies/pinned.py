@@ -1,6 +1,11 @@
-"""The `pinned` policy: one rung an operator chose, raised only when demand needs more.
+"""The `pinned` policy, the daemon's default: one rung, raised only when demand needs more.
 
-For benchmarking a rung, reproducing a report, or a server whose workload is known. Pinning
+With its default `rung` 0 (the fewest KV tokens, the most expert slots) it is "the lowest
+rung that holds live + pending demand": every token not reserved for a request is an expert
+slot. That is the default because it decoded fastest of the daemon's policies on the
+calibrated replay (30 seeds of four workloads, both engine modes) and on both H200 ladder
+records (README, Results; docs/results.md). Another `rung` pins a rung an operator chose:
+for benchmarking a rung, reproducing a report, or a server whose workload is known. Pinning
 must not turn into failed requests, so the floor every built-in honours still applies: when
 live + pending KV does not fit the pinned rung, the policy asks for the lowest rung that holds
 it and says so; it goes back to the pin as soon as demand allows (the controller's dwell and
@@ -18,15 +23,12 @@ __all__ = ["Pinned"]
 
 
 class Pinned:
-    """Option `rung` (required): a rung index, 0 = fastest; clamped to the ladder."""
+    """Option `rung` (default 0): a rung index, 0 = fastest; clamped to the ladder."""
 
     name = "pinned"
 
-    def __init__(self, *, rung: int | None = None, **unknown: Any) -> None:
+    def __init__(self, *, rung: int = 0, **unknown: Any) -> None:
         check_options(self.name, unknown, ("rung",))
-        if rung is None:
-            raise ValueError("policy 'pinned': option rung is required (a rung index, "
-                             "0 = least KV and fastest decode)")
         if isinstance(rung, bool) or not isinstance(rung, int):
             raise ValueError(f"policy 'pinned': option rung must be an integer, got {rung!r}")
         self.rung = rung

@@ -29,5 +29,10 @@ def test_grow_only_never_steps_down() -> None:
 
 def test_the_default_arm_is_the_daemons_default_policy() -> None:
     from ladder.config import ServerConfig
+    from policies.pinned import Pinned
+    from policies.registry import BUILTINS
 
-    assert ServerConfig().policy == arms.DEFAULT_ARM
+    policy, options = arms._policy(arms.DEFAULT_ARM, arms.BenchOptions())
+    assert BUILTINS[ServerConfig().policy] == policy
+    # The daemon's default policy runs with no options: the arm must add none of its own.
+    assert options == {"rung": Pinned().rung}

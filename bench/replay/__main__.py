@@ -29,6 +29,14 @@ from bench.replay.seeds import WORKLOADS, default_workers, replay_seeds, summari
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
+def _shown(path: str) -> str:
+    """A path as the document records it: relative to the repository when inside it, so a
+    file written from any checkout is the same file."""
+    resolved = Path(path).resolve()
+    root = RESULTS.parent.parent
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else path
+
+
 def _seeds_arg(text: str) -> list[int]:
     """`30` (seeds 0..29), `0,3,7` or `5-9`."""
     try:
@@ -151,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 arms=args.arms, calibration=Path(args.calibration))
             traces = summarize_replay(runs, DEFAULT_ARM)
             doc = {"meta": {"schema": "moe-ladder.replay-seeds.v1",
-                            "default_arm": DEFAULT_ARM, "calibration": args.calibration,
+                            "default_arm": DEFAULT_ARM, "calibration": _shown(args.calibration),
                             "workloads": {w: asdict(WORKLOADS[w]) for w in args.workloads},
                             "arms": args.arms, "workers": args.workers},
                    "traces": traces,

@@ -5,7 +5,7 @@ them per decode round (the pause budget), so the replay needs each operation of 
 which pool, alloc, free or move, and how many bytes. This is the arithmetic of
 `engine.reference.pools._ChunkedPool` (`_grow`, `_shrink`, `_shrink_tail`, `reallocate`) and of
 `engine.reference.rebuild` (shrinking pools first, in the planner's pool order), replayed over
-unit counts; tests/replay/test_ops.py holds it to the real pools' event sequence.
+unit counts; tests/bench/replay/test_ops.py holds it to the real pools' event sequence.
 
 What it cannot know is where live units sit, which decides the moves. `live_in(lo, hi)` says
 how many of the pool's live units lie in units [lo, hi): KV pages and states are handed out
@@ -106,7 +106,9 @@ def _shrink(name: str, layout: PoolLayout, physical: int, target: int,
         yield ChunkOp(name, "alloc", keep * unit, usable)
         yield ChunkOp(name, "move", keep * unit, usable, staged=True)
         return
-    yield ChunkOp(name, "free", tail * unit, usable)
+    # Nothing live in the boundary chunk: the pool's limit drops to the chunk's start while
+    # it is freed and reallocated, so for that moment fewer units are usable.
+    yield ChunkOp(name, "free", tail * unit, max(0, start - fixed))
     yield ChunkOp(name, "alloc", keep * unit, usable)
 
 

@@ -136,7 +136,7 @@ class ServerConfig:
         "layer's `api_key` replaces it.")
     timeout_s: float = knob(10.0, seconds(positive=True), "Per-request HTTP timeout, seconds, "
                             "> 0.")
-    policy: str = knob("headroom", text(_POLICY, "a policy name or module:attr"), "The policy: "
+    policy: str = knob("pinned", text(_POLICY, "a policy name or module:attr"), "The policy: "
                        "an entry-point name in `moe_ladder.policies` or `module.path:attr`.",
                        flag="--policy")
     # Free-form: the policy's factory validates its own options (policies/api.py). Not in

@@ -188,7 +188,8 @@ def test_a_small_budget_gets_a_floor_and_growth_that_fit(
     code, out, _ = run(capsys, "rungs", "--status", str(status), "--json")
     doc = json.loads(out)
     assert code == 0 and len(doc["rungs"]) < 4
-    assert "try --kv-floor 128 --policy-option growth_tokens=256" in doc["hint"]
+    assert "try --kv-floor 128 (with --policy headroom, also --policy-option " \
+        "growth_tokens=256" in doc["hint"]
     code, out, _ = run(capsys, "rungs", "--status", str(status), "--kv-floor", "128")
     assert code == 0 and "rungs within" in out and "try --kv-floor" not in out
     assert int(out.split()[0]) >= 4

@@ -44,11 +44,11 @@ async def test_the_report_scenario_steered_as_its_banner_says_steps_up_and_down(
     try:
         suggestion = await _line(engine, r"steer it with: ladder run (.*)$")
         flags = shlex.split(suggestion.group(1))
-        assert "--kv-floor" in flags and "--policy-option" in flags
+        assert "--kv-floor" in flags
         # The safeguards' minutes are shortened for the test; the ladder is the banner's.
         daemon = await _spawn(
             "run", *flags, "--gate", f"127.0.0.1:{gate_port}", "--listen", "127.0.0.1:0",
-            "--poll-s", "0.2", "--policy-option", "dwell_s=1",
+            "--poll-s", "0.2",
             env={"LADDER_SAFEGUARDS__COOLDOWN_S": "0", "LADDER_SAFEGUARDS__MIN_DWELL_S": "0"})
         procs.append(daemon)
         listen = int((await _line(daemon, r"daemon on :(\d+)")).group(1))

@@ -37,8 +37,7 @@ def test_top_rung_when_nothing_holds_demand() -> None:
 
 
 def test_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="rung is required"):
-        Pinned()
+    assert Pinned().rung == 0  # the default policy: the lowest rung holding demand
     with pytest.raises(ValueError, match=r"unknown option\(s\) index"):
         Pinned(rung=1, index=2)
     with pytest.raises(ValueError, match="integer"):

@@ -1,0 +1,92 @@
+"""The calibration file: every parameter named, sourced and valid, and exactly what the fit
+writes from the records; a bad file is one clear error naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from bench.replay.calibration import (
+    DEFAULT_CALIBRATION,
+    SCHEMA,
+    CalibrationError,
+    Costs,
+    load_profile,
+)
+from bench.replay.fit import calibration_doc, h200_parameters
+
+PROFILES = ("h200-bench", "rtx5080-report")
+
+
+def test_the_committed_file_is_what_the_fit_writes() -> None:
+    """Refitting from bench/results/h200 reproduces bench/calibration/h200.json exactly: no
+    number in it was edited by hand."""
+    assert json.loads(DEFAULT_CALIBRATION.read_text()) == json.loads(
+        json.dumps(calibration_doc()))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_profile_prices_every_cost_with_a_source(name: str) -> None:
+    costs, params = load_profile(DEFAULT_CALIBRATION, name)
+    assert set(params) == {f.name for f in fields(Costs)}
+    assert all(p.source.strip() and p.unit for p in params.values())
+    assert costs.miss_s > 0 and costs.request_s > 0
+    assert costs.with_misses_free().miss_s == 0
+    assert costs.with_misses_free().request_s == costs.request_s
+
+
+def test_the_decode_fit_is_token_weighted_and_mostly_tight() -> None:
+    """The fit's own report: how many windows and their median residual (in the source)."""
+    params = h200_parameters()
+    source = params["request_s"].source
+    assert "decode windows" in source
+    windows = int(source.split(" over ")[1].split()[0])
+    residual = float(source.split("median |residual| ")[1].split("%")[0])
+    assert windows >= 100 and residual < 15.0
+    # Leaving a record out changes the fit but keeps it in the same regime.
+    held = h200_parameters(records=("ladder-agentic.json", "ladder-mixed.json"))
+    assert held["miss_s"].value == pytest.approx(params["miss_s"].value, rel=0.5)
+
+
+def _write(tmp_path: Path, doc: object) -> Path:
+    path = tmp_path / "cal.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+def _good() -> dict:  # type: ignore[type-arg]
+    return json.loads(DEFAULT_CALIBRATION.read_text())
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: "{not json", "not JSON"),
+    (lambda d: {**d, "schema": "other"}, "not a replay calibration"),
+    (lambda d: {**d, "profiles": {}}, "no profile 'h200-bench' (it has )"),
+    (lambda d: d["profiles"]["h200-bench"]["parameters"].pop("miss_s") and d,
+     "missing ['miss_s']"),
+    (lambda d: d["profiles"]["h200-bench"]["parameters"].update(extra_s={}) or d,
+     "unknown ['extra_s']"),
+    (lambda d: d["profiles"]["h200-bench"]["parameters"]["miss_s"].update(value=-1) or d,
+     "parameter 'miss_s': value must be a finite number >= 0"),
+    (lambda d: d["profiles"]["h200-bench"]["parameters"]["d2d_bytes_per_s"].update(value=0)
+     or d, "> 0 for bandwidths"),
+    (lambda d: d["profiles"]["h200-bench"]["parameters"]["miss_s"].update(source=" ") or d,
+     "source must say where the number comes from"),
+    (lambda d: d["profiles"]["h200-bench"]["parameters"]["miss_s"].pop("unit") and d,
+     "needs value, unit and source"),
+])
+def test_bad_files_are_one_clear_error(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    path = _write(tmp_path, mutate(_good()))
+    with pytest.raises(CalibrationError) as info:
+        load_profile(path, "h200-bench")
+    assert message in str(info.value) and str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match="cannot read it"):
+        load_profile(tmp_path / "absent.json", "h200-bench")
+    assert SCHEMA in json.dumps(_good())
