@@ -51,7 +51,7 @@ RESUME=${RESUME:-}
 SEEDS=${SEEDS:-0}
 TRACES=${TRACES:-agentic,mixed,handoff}
 REQUESTS=${REQUESTS:-10}
-SEED_ARMS=${SEED_ARMS:-static-full,freetoken-static-full,grow-only,headroom,throughput,freetoken-grow-only,freetoken-headroom,oracle}
+SEED_ARMS=${SEED_ARMS:-static-full,freetoken-static-full,grow-only,pinned-0,headroom,freetoken-grow-only,freetoken-pinned-0,oracle}
 GEOMETRIES=${GEOMETRIES:-rtx5080-report-16gb qwen38-flash-next-rtx5090-32gb \
   qwen38-flash-next-rtx6000ada-48gb gemma-4-26b-a4b-like-rtx4080super-16gb}
 EXPANDABLE=expandable_segments:True

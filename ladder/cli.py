@@ -648,7 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one server to steer, as a URL or HOST:PORT (overrides the file's "
                         "[[servers]])")
     p.add_argument("--api-key", default=None, help="the server's API key (ft serve 0.2.1)")
-    p.add_argument("--policy", default=None, help="policy name or module:attr (default pinned: the lowest rung holding demand)")
+    p.add_argument("--policy", default=None, help="policy name or module:attr (default "
+                   "pinned: the lowest rung holding demand)")
     p.add_argument("--policy-option", action="append", default=[], type=_policy_option,
                    metavar="KEY=VALUE", help="an option for the policy, read as a TOML value "
                    "(growth_tokens=256, dwell_s=60); repeat for more")

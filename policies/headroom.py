@@ -6,7 +6,7 @@ expert slot lost. So the policy reserves the live demand plus the growth of one 
 (a few thousand tokens): `R = next_rung(live + expected_growth)`. No proportional margin by
 default: the ladder's rounding up to the next rung already leaves up to (ratio - 1) of the
 demand spare, and a margin on top of it sends long agentic turns a rung higher, to fewer
-expert slots (README, Results); `margin` remains an option. It steps up at once, and steps down only
+expert slots (docs/results.md); `margin` remains an option. It steps up at once, and steps down only
 once the lower rung has held demand for a whole stabilization window: HPA's scale-down
 stabilization, where the target while shrinking is the highest
 recommendation over the last `dwell_s`.

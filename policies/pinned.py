@@ -4,7 +4,7 @@ With its default `rung` 0 (the fewest KV tokens, the most expert slots) it is "t
 rung that holds live + pending demand": every token not reserved for a request is an expert
 slot. That is the default because it decoded fastest of the daemon's policies on the
 calibrated replay (30 seeds of four workloads, both engine modes) and on both H200 ladder
-records (README, Results; docs/results.md). Another `rung` pins a rung an operator chose:
+records (docs/results.md). Another `rung` pins a rung an operator chose:
 for benchmarking a rung, reproducing a report, or a server whose workload is known. Pinning
 must not turn into failed requests, so the floor every built-in honours still applies: when
 live + pending KV does not fit the pinned rung, the policy asks for the lowest rung that holds

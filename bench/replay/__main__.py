@@ -4,7 +4,10 @@
 - `fidelity`: replay every arm of every H200 ladder record and print measured, predicted and
   error, in sample and held out (bench/results/replay-fidelity.json);
 - `seeds`: every workload x seed x arm, over worker processes, with bootstrap intervals and
-  the targets (bench/results/replay-seeds.json).
+  the targets (bench/results/replay-seeds.json);
+- `tables`: the Markdown tables of the README and docs/results.md, from those two files;
+- `compare FILE...`: GPU many-seed files (bench/gpu_run.sh policy_seeds) beside the replay of
+  the same trace and seed (bench/results/replay-vs-gpu.json).
 
 Each writes its JSON document and prints a short table; `--json` prints the document instead.
 """
@@ -12,6 +15,7 @@ Each writes its JSON document and prints a short table; `--json` prints the docu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -25,6 +29,7 @@ from bench.replay import fit
 from bench.replay.arms import REPLAY_ARMS
 from bench.replay.calibration import DEFAULT_CALIBRATION, CalibrationError, load_profile
 from bench.replay.seeds import WORKLOADS, default_workers, replay_seeds, summarize_replay
+from bench.replay.tables import fidelity_markdown, seeds_markdown, targets_markdown
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -79,6 +84,13 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--out", default=str(RESULTS / out), help="where to write the JSON "
                        "document (default: %(default)s)")
         s.add_argument("--json", action="store_true", help="print the document, not a table")
+    t = sub.add_parser("tables", help="the docs' Markdown tables, from the JSON files")
+    t.add_argument("--fidelity", default=str(RESULTS / "replay-fidelity.json"))
+    t.add_argument("--seeds", default=str(RESULTS / "replay-seeds.json"))
+    c = sub.add_parser("compare", help="GPU many-seed runs beside the replay of the same seed")
+    c.add_argument("files", nargs="+", help="ladder-seeds.json files of GPU runs")
+    c.add_argument("--calibration", default=str(DEFAULT_CALIBRATION))
+    c.add_argument("--out", default=str(RESULTS / "replay-vs-gpu.json"))
     fid = sub.choices["fidelity"]
     fid.add_argument("--no-held-out", action="store_true",
                      help="skip the leave-one-record-out refit (half the time)")
@@ -140,10 +152,52 @@ def _seeds_table(traces: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _tables(fidelity: str, seeds: str) -> int:
+    docs = {}
+    for name, path in (("fidelity", fidelity), ("seeds", seeds)):
+        try:
+            docs[name] = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"error: {path}: {exc}", file=sys.stderr)
+            return 2
+    print(f"{fidelity_markdown(docs['fidelity'])}\n\n{seeds_markdown(docs['seeds'])}\n\n"
+          f"{targets_markdown(docs['seeds'])}")
+    return 0
+
+
+def _compare(files: Sequence[str], calibration: str, out: str) -> int:
+    from bench.replay.compare import compare_file
+
+    doc: dict[str, Any] = {"meta": {"calibration": _shown(calibration)}, "runs": {}}
+    for path in files:
+        try:
+            runs = compare_file(Path(path), Path(calibration))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: {path}: not a policy_bench many-seed file ({exc})", file=sys.stderr)
+            return 2
+        doc["runs"].update({f"{_shown(path)}:{key}": r for key, r in runs.items()})
+    report_json(doc, out, indent=1, emit=None)
+    for key, r in doc["runs"].items():
+        print(key)
+        for arm, row in r["tps"]["arms"].items():
+            ratio = r["vs_static_full"].get(arm, {})
+            if "error" in row:
+                print(f"  {arm:<22} tok/s {row['measured_tps']:>7.2f} measured "
+                      f"{row['predicted_tps']:>7.2f} predicted ({row['error']:+.1%});  x "
+                      f"static-full {ratio.get('measured', 0):.3f} measured "
+                      f"{ratio.get('predicted') or 0:.3f} predicted")
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "fit":
         return fit.main(args.out)
+    if args.command == "tables":
+        return _tables(args.fidelity, args.seeds)
+    if args.command == "compare":
+        return _compare(args.files, args.calibration, args.out)
     started = time.perf_counter()
     try:
         if args.command == "fidelity":

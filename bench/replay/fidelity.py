@@ -47,7 +47,7 @@ def _order(tps: Mapping[str, float]) -> list[str]:
     return sorted(tps, key=lambda arm: -tps[arm])
 
 
-def record_fidelity(name: str, predicted: Mapping[str, Mapping[str, Any]],
+def record_fidelity(predicted: Mapping[str, Mapping[str, Any]],
                     measured: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Per arm: measured and predicted decode tokens/s, the relative error, hit rates and
     served counts; the two orders and the pairs they disagree on."""
@@ -72,7 +72,7 @@ def record_fidelity(name: str, predicted: Mapping[str, Mapping[str, Any]],
         for a, b in itertools.combinations(_order(m_tps), 2) if p_tps[a] < p_tps[b]]
     errors = [abs(r["error"]) for r in arms.values() if "error" in r]
     rows = [r for r in arms.values() if not r.get("stalled")]
-    return {"record": RECORDS[name].file, "note": RECORDS[name].note, "arms": arms,
+    return {"arms": arms,
             "measured_order": _order(m_tps), "predicted_order": _order(p_tps),
             "discordant": discordant, "max_abs_error": max(errors),
             "served_match": all(r["measured_served"] == r["predicted_served"] for r in rows),
@@ -114,12 +114,13 @@ def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
     out: dict[str, Any] = {}
     for name in names or list(RECORDS):
         _, _, run = load_record(name)
-        entry = {"in_sample": record_fidelity(name, _replay_arms(name, costs, run["arms"]),
-                                              run["arms"])}
+        entry: dict[str, Any] = {
+            "record": RECORDS[name].file, "note": RECORDS[name].note,
+            "in_sample": record_fidelity(_replay_arms(name, costs, run["arms"]), run["arms"])}
         if held_out:
             others = [r for r in LADDER_RECORDS if r != RECORDS[name].file]
             refit = _costs(h200_parameters(records=others))
-            entry["held_out"] = record_fidelity(name, _replay_arms(name, refit, run["arms"]),
+            entry["held_out"] = record_fidelity(_replay_arms(name, refit, run["arms"]),
                                                 run["arms"])
         out[name] = entry
     summary = {

@@ -1,7 +1,7 @@
 """The H200 ladder records, and how to replay each as the code that measured it ran.
 
 Why: the fidelity check replays every record already in bench/results/h200, and those were
-measured by earlier versions of the bench (README, Results): before the pause budget (one
+measured by earlier versions of the bench (docs/results.md): before the pause budget (one
 chunk operation per decode round), with the bench's first oracle (the lowest rung holding each
 request), two of them before the gate counted forwarded, unanswered requests as live demand,
 and one before the geometric ladder's steps were capped at 32k tokens. A replay of a record
@@ -30,7 +30,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
 @dataclass(frozen=True, slots=True)
 class RecordSetup:
     file: str
-    # The fix of 2026-12-03 (README, Results): the gate's forwarded requests count as live
+    # The fix of 2026-12-03 (docs/results.md): the gate's forwarded requests count as live
     # demand, and the engine re-admits waiting requests after a rebuild.
     fixed_demand: bool
     kv_step_tokens: int = 32_768

@@ -1,0 +1,74 @@
+"""The replay's Markdown tables, rendered from its JSON files, never typed by hand.
+
+Why: the README's fidelity table and docs/results.md's many-seed tables are what a reader
+trusts; `python -m bench.replay tables` prints them from bench/results/replay-fidelity.json
+and bench/results/replay-seeds.json, and a test holds the documents to that output, so a
+number in the docs is a number a command wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["fidelity_markdown", "seeds_markdown", "targets_markdown"]
+
+
+def _pct(value: float) -> str:
+    return f"{value:+.1%}".replace("%", " %")
+
+
+def fidelity_markdown(doc: Mapping[str, Any]) -> str:
+    """Per record and arm: measured decode tok/s, the in-sample and held-out predictions and
+    their errors; then the totals and the device's own A/A spread."""
+    lines = ["| record | arm | measured | in sample | error | held out | error |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for name, entry in doc["records"].items():
+        held = entry.get("held_out", {}).get("arms", {})
+        for arm, r in entry["in_sample"]["arms"].items():
+            if r.get("stalled"):
+                lines.append(f"| {name} | {arm} | {r['measured_tps']:.1f} | stalled | | | |")
+            elif "error" not in r:
+                lines.append(f"| {name} | {arm} | served {r['measured_served']} | served "
+                             f"{r['predicted_served']} | | | |")
+            else:
+                h = held.get(arm, {})
+                cells = (f"{h['predicted_tps']:.1f} | {_pct(h['error'])}" if "error" in h
+                         else " | ")
+                lines.append(f"| {name} | {arm} | {r['measured_tps']:.1f} | "
+                             f"{r['predicted_tps']:.1f} | {_pct(r['error'])} | {cells} |")
+    return "\n".join(lines)
+
+
+def _cell(stats: Mapping[str, Any]) -> str:
+    if not stats.get("n"):
+        return "-"
+    return f"{stats['median']:.3f} [{stats['median_ci95'][0]:.3f}-{stats['median_ci95'][1]:.3f}]"
+
+
+_RATIOS = (("headroom_vs_grow_only", "x grow-only"), ("headroom_vs_oracle", "x oracle"),
+           ("headroom_vs_static_full", "x static-full"),
+           ("freetoken_vs_static_full", "freetoken x static-full"),
+           ("headroom_gap_captured", "gap captured"))
+
+
+def seeds_markdown(doc: Mapping[str, Any]) -> str:
+    """Per workload: the default policy's ratios, median [95 % bootstrap interval] and 5th
+    percentile over seeds."""
+    lines = ["| workload | seeds | " + " | ".join(label for _, label in _RATIOS) + " |",
+             "|---|---:|" + "---|" * len(_RATIOS)]
+    for workload, s in doc["traces"].items():
+        cells = [f"{_cell(s['stats'][key])}, p5 {s['stats'][key]['p5']:.3f}"
+                 if s["stats"][key].get("n") else "-" for key, _ in _RATIOS]
+        lines.append(f"| {workload} | {len(s['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets_markdown(doc: Mapping[str, Any]) -> str:
+    """Every target of every workload: the value reached and met, or missed by how much."""
+    lines = ["| workload | target | value | |", "|---|---|---:|---|"]
+    for workload, s in doc["traces"].items():
+        for name, check in s["targets"].items():
+            verdict = "met" if check["met"] else f"**missed by {-check['by']:.3f}**"
+            lines.append(f"| {workload} | {name} | {check['value']:.3f} | {verdict} |")
+    return "\n".join(lines)
