@@ -90,18 +90,20 @@ def test_seeds_write_one_summary_per_trace(tmp_path: Path,
                                            capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "seeds.json"
     assert bench.main(["--trace", "chat", "--seeds", "3,4", "--requests", "3", "--arms",
-                       "static-full,grow-only,headroom,oracle", "--quiet",
+                       "static-full,grow-only,pinned-0,oracle", "--quiet",
                        "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert set(doc["runs"]) == {"chat/seed3", "chat/seed4"}
     assert [doc["runs"][k]["seed"] for k in ("chat/seed3", "chat/seed4")] == [3, 4]
     chat = doc["traces"]["chat"]
     assert chat["seeds"] == [3, 4]
-    for arm in ("static-full", "grow-only", "headroom", "oracle"):
+    for arm in ("static-full", "grow-only", "pinned-0", "oracle"):
         assert chat["arms"][arm] == [doc["runs"][k]["arms"][arm]["decode_tps"]
                                      for k in ("chat/seed3", "chat/seed4")]
+    # The default policy's ratios, under the `headroom_vs_*` keys whatever its name.
+    assert bench.DEFAULT_ARM == "pinned-0"
     assert chat["headroom_vs_grow_only"] == [
-        doc["runs"][k]["ratios"]["headroom"]["vs_grow_only"] for k in ("chat/seed3",
+        doc["runs"][k]["ratios"]["pinned-0"]["vs_grow_only"] for k in ("chat/seed3",
                                                                         "chat/seed4")]
     assert len(chat["headroom_vs_static_full"]) == len(chat["headroom_vs_oracle"]) == 2
     assert "trace chat, seeds 3, 4" in capsys.readouterr().out
