@@ -1,0 +1,31 @@
+"""A GPU many-seed run beside the replay of the same trace and seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.replay.compare import compare_run
+
+RUN = (Path(__file__).resolve().parents[3] / "bench" / "results" / "h200" / "seeds"
+       / "agentic-1" / "ladder-seeds.json")
+
+
+def test_the_h200_seed_run_is_replayed_arm_for_arm() -> None:
+    doc = json.loads(RUN.read_text())
+    run = doc["runs"]["agentic/seed1"]
+    run = {**run, "arms": {a: run["arms"][a] for a in ("static-full", "pinned-0")}}
+    got = compare_run(run, doc["meta"])
+    assert (got["trace"], got["seed"], got["requests"]) == ("agentic", 1, 10)
+    row = got["tps"]["arms"]["pinned-0"]
+    assert row["measured_tps"] == run["arms"]["pinned-0"]["decode_tps"]
+    assert row["predicted_served"] == row["measured_served"] == 10
+    ratio = got["vs_static_full"]["pinned-0"]
+    assert ratio["measured"] == pytest.approx(
+        run["arms"]["pinned-0"]["decode_tps"] / run["arms"]["static-full"]["decode_tps"],
+        abs=1e-4)
+    assert got["vs_static_full"]["static-full"] == {"measured": 1.0, "predicted": 1.0,
+                                                    "error": 0.0}
+    assert ratio["predicted"] > 1.2  # the ladder beats static-full in the replay too
