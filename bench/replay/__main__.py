@@ -1,4 +1,4 @@
-"""`python -m bench.replay {fit,fidelity,seeds}`: the calibrated virtual-time replay's commands.
+"""`python -m bench.replay`: the calibrated virtual-time replay's commands.
 
 - `fit`: refit bench/calibration/h200.json from the H200 records (pure arithmetic);
 - `fidelity`: replay every arm of every H200 ladder record and print measured, predicted and

@@ -70,12 +70,11 @@ def _report_spec() -> ServerSpec:
     # The report ran one request at a time (ft serve's --max-running-requests 1) and its
     # model's full context, 262,144 tokens; routing preset B is the engine's Qwen3-Next-like
     # skew, the same draw that calibrated the profile's miss cost.
-    spec = ServerSpec.from_status(
+    return ServerSpec.from_status(
         json.loads(REPORT_STATUS.read_text()), name="qwen3.8-flash-next-nvfp4",
         routing=RoutingShape(num_layers=48, num_experts=512, top_k=10, preset="B"),
         max_running_requests=1, max_seq_len=262_144, chunk_bytes=64 << 20,
         pause_budget_s=gpu_engine_config().rebuild_pause_budget_s)
-    return spec
 
 
 def world_for(name: str, calibration: Path = DEFAULT_CALIBRATION) -> World:
