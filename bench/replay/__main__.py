@@ -1,8 +1,9 @@
 """`python -m bench.replay`: the calibrated virtual-time replay's commands.
 
-- `fit`: refit bench/calibration/h200.json from the H200 records (pure arithmetic);
-- `fidelity`: replay every arm of every H200 ladder record and print measured, predicted and
-  error, in sample and held out (bench/results/replay-fidelity.json);
+- `fit`: refit bench/calibration/h200.json from the GPU records (pure arithmetic);
+- `fidelity`: replay every arm of every GPU record (the H200 ladder records and every per-seed
+  run) and print measured, predicted and error, in sample and held out
+  (bench/results/replay-fidelity.json);
 - `seeds`: every workload x seed x arm, over worker processes, with bootstrap intervals and
   the targets (bench/results/replay-seeds.json);
 - `tables`: the Markdown tables of the README and docs/results.md, from those two files;
@@ -71,10 +72,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fit", help="refit the calibration file from the H200 records")
+    f = sub.add_parser("fit", help="refit the calibration file from the GPU records")
     f.add_argument("--out", default=str(DEFAULT_CALIBRATION), help="where to write it")
     for name, help_text, out in (
-            ("fidelity", "measured vs predicted decode tok/s on every H200 record",
+            ("fidelity", "measured vs predicted decode tok/s on every GPU record",
              "replay-fidelity.json"),
             ("seeds", "every workload x seed x arm, with bootstrap intervals and targets",
              "replay-seeds.json")):
@@ -125,13 +126,18 @@ def _fidelity_table(doc: dict[str, Any]) -> str:
                           else "")
             lines.append(f"{name:<30} {arm:<14} {r['measured_tps']:>9.2f} "
                          f"{r['predicted_tps']:>10.2f} {r['error']:>+7.1%} {held_cells}")
-    for kind, s in doc["summary"].items():
-        lines.append(f"{kind}: {s['arms_within_10pct']}/{s['arms_compared']} arms within 10 %,"
-                     f" max |error| {s['max_abs_error']:.1%}, {s['discordant_pairs']} arm "
-                     "pairs ordered otherwise")
-    lines.extend(f"device A/A: {r['trace']} {r['arm']} measured {r['measured_tps']} in "
-                 f"{', '.join(r['records'])}: {r['spread']:.1%} apart"
-                 for r in doc["device_repeatability"])
+    for group, kinds in doc["summary"].items():
+        for kind, s in kinds.items():
+            lines.append(f"{group} {kind}: {s['arms_within_10pct']}/{s['arms_compared']} arms "
+                         f"within 10 %, max |error| {s['max_abs_error']:.1%}, "
+                         f"{s['discordant_pairs']} arm pairs ordered otherwise "
+                         f"({s['discordant_pairs_clear']} measured more than 5 % apart)")
+    aa = doc["device_repeatability"]
+    lines.extend(f"device A/A across calls: {r['trace']} {r['arm']} measured "
+                 f"{r['measured_tps']} in {', '.join(r['records'])}: {r['spread']:.1%} apart"
+                 for r in aa["across_calls"])
+    lines.extend(f"device A/A within a call: {r['record']} {' vs '.join(r['arms'])} measured "
+                 f"{r['measured_tps']}: {r['spread']:.1%} apart" for r in aa["within_call"])
     return "\n".join(lines)
 
 
@@ -168,10 +174,15 @@ def _tables(fidelity: str, seeds: str) -> int:
 def _compare(files: Sequence[str], calibration: str, out: str) -> int:
     from bench.replay.compare import compare_file
 
+    try:
+        costs, _ = load_profile(calibration, "h200-bench")
+    except CalibrationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     doc: dict[str, Any] = {"meta": {"calibration": _shown(calibration)}, "runs": {}}
     for path in files:
         try:
-            runs = compare_file(Path(path), Path(calibration))
+            runs = compare_file(Path(path), costs)
         except (OSError, ValueError, KeyError) as exc:
             print(f"error: {path}: not a policy_bench many-seed file ({exc})", file=sys.stderr)
             return 2

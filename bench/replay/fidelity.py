@@ -1,18 +1,24 @@
-"""Fidelity: the replay's predicted decode tokens/s for every arm of every H200 record, beside
-what the record measured.
+"""Fidelity: the replay's predicted decode tokens/s for every arm of every GPU record (the H200
+ladder records and every per-seed run, bench/replay/records.py), beside what it measured.
 
 Why it runs before any replay result is used: a replay that cannot reproduce the runs it was
 calibrated on says nothing about the runs it was not. Two predictions per arm:
 
-- `in_sample`: priced by the calibration file's profile (fitted on all four records);
-- `held_out`: the decode and prefill terms refitted without the record being predicted, so
-  the error is the one a new run would see (the chunk costs come from transition.json, not
-  from any ladder record, and stay).
+- `in_sample`: priced by the calibration file's profile (fitted on every record) at the
+  record's own speed (`DecodeFit`: one cost per request a record, the same for all its arms);
+  a record with no usable decode window is priced at the median speed;
+- `held_out`: the decode and prefill terms refitted without the record being predicted and
+  priced at the other records' median speed, so the error is the one a new device call would
+  see (the chunk costs come from transition.json, not from any ladder record, and stay).
 
 An arm the replay cannot finish (`VirtualTimeExceeded`: a request left waiting for pages no
 rung gives back) is reported `stalled`: the two records measured before the forwarded-demand
 fix ran a daemon and engine whose other code is gone, and today's code with only their demand
 accounting put back can deadlock where theirs did not.
+
+The device's own repeatability bounds both: `device_repeatability` lists the same no-daemon
+work measured twice, across calls (two records of one trace and seed) and within one call
+(static-full beside freetoken-static-full, which never rebuilds either).
 
 An arm that served nothing (static-short, whose short context refuses every request) has no
 decode speed; its served count is compared instead. The arms' order is each arm's rank by
@@ -24,12 +30,13 @@ as what it is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bench.replay.calibration import Costs, Parameter
-from bench.replay.fit import LADDER_RECORDS, h200_parameters
+from bench.replay.fit import decode_fit, h200_parameters
 from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.vloop import VirtualTimeExceeded
 
@@ -37,6 +44,8 @@ __all__ = ["device_repeatability", "fidelity_doc", "record_fidelity"]
 
 # Arms that run no daemon: the same trace and seed on them is the same work in every call.
 _NO_DAEMON = ("static-full", "static-short")
+# Two arms of one call that do the same work: a static geometry never rebuilds in either mode.
+_SAME_WORK = ("static-full", "freetoken-static-full")
 
 
 def _costs(params: Mapping[str, Parameter]) -> Costs:
@@ -75,13 +84,17 @@ def record_fidelity(predicted: Mapping[str, Mapping[str, Any]],
     return {"arms": arms,
             "measured_order": _order(m_tps), "predicted_order": _order(p_tps),
             "discordant": discordant, "max_abs_error": max(errors),
+            "arms_within_10pct": sum(e <= 0.10 for e in errors), "arms_compared": len(errors),
             "served_match": all(r["measured_served"] == r["predicted_served"] for r in rows),
             "stalled": [arm for arm, r in arms.items() if r.get("stalled")]}
 
 
-def _replay_arms(name: str, costs: Costs, arms: Sequence[str]) -> dict[str, Any]:
-    """Each arm's summary, replayed alone (the records' oracle is the unpriced one, so no arm
-    depends on another); a stalled arm is left out."""
+def _replay_arms(name: str, costs: Costs) -> dict[str, Any]:
+    """Each arm's summary. A record whose oracle was priced by its other arms is replayed
+    whole; the others arm by arm, so a stalled arm is left out and no other with it."""
+    arms = load_record(name)[2]["arms"]
+    if RECORDS[name].priced_oracle:
+        return replay_record(name, costs)["arms"]
     out = {}
     for arm in arms:
         with contextlib.suppress(VirtualTimeExceeded):
@@ -89,47 +102,70 @@ def _replay_arms(name: str, costs: Costs, arms: Sequence[str]) -> dict[str, Any]
     return out
 
 
-def device_repeatability(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """The device against itself: every no-daemon arm measured in two records of the same
-    trace, seed and engine (different device calls), and how far apart the two landed. No
-    model of the work can predict both closer than this."""
+def _spread(values: Sequence[float]) -> float:
+    return round(max(values) / min(values) - 1, 4)
+
+
+def device_repeatability(names: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The device against itself: the same no-daemon work measured twice, in two records of
+    one trace, seed and engine (`across_calls`) and by two arms of one record
+    (`within_call`), and how far apart each pair landed. No model of the work can predict
+    both closer than this."""
     seen: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    within = []
     for name in names or list(RECORDS):
         _, meta, run = load_record(name)
         for arm in _NO_DAEMON:
             m = run["arms"].get(arm)
             if m and m["served"]:
-                key = (f"{run['trace']}/seed{meta['seed']}/{run['requests']}", arm)
-                seen.setdefault(key, []).append((RECORDS[name].file, m["decode_tps"]))
-    return [{"trace": key[0], "arm": key[1], "records": [f for f, _ in got],
-             "measured_tps": [t for _, t in got],
-             "spread": round(max(t for _, t in got) / min(t for _, t in got) - 1, 4)}
-            for key, got in seen.items() if len(got) > 1]
+                key = (f"{run['trace']}/seed{run.get('seed', meta['seed'])}/{run['requests']}",
+                       arm)
+                seen.setdefault(key, []).append((name, m["decode_tps"]))
+        pair = [run["arms"][a]["decode_tps"] for a in _SAME_WORK if a in run["arms"]]
+        if len(pair) == 2:
+            within.append({"record": name, "arms": list(_SAME_WORK), "measured_tps": pair,
+                           "spread": _spread(pair)})
+    across = [{"trace": key[0], "arm": key[1], "records": [n for n, _ in got],
+               "measured_tps": [t for _, t in got], "spread": _spread([t for _, t in got])}
+              for key, got in seen.items() if len(got) > 1]
+    return {"across_calls": across, "within_call": within}
+
+
+# A gap the device itself cannot resolve (its within-call A/A reaches 11 %) is no evidence
+# that the replay orders two arms wrongly.
+_CLEAR_GAP = 0.05
+
+
+def _summary(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {"max_abs_error": max(e["max_abs_error"] for e in entries),
+            "arms_within_10pct": sum(e["arms_within_10pct"] for e in entries),
+            "arms_compared": sum(e["arms_compared"] for e in entries),
+            "discordant_pairs": sum(len(e["discordant"]) for e in entries),
+            "discordant_pairs_clear": sum(abs(d["measured_gap"]) > _CLEAR_GAP
+                                          for e in entries for d in e["discordant"])}
 
 
 def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
                  held_out: bool = True) -> dict[str, Any]:
-    """Every record in `names` (all four by default) replayed arm by arm, in sample and (with
-    `held_out`) with its own record left out of the decode fit."""
+    """Every record in `names` (all by default) replayed, in sample and (with `held_out`)
+    with its own record left out of the decode fit."""
+    speeds = decode_fit().request_s_by_record
     out: dict[str, Any] = {}
     for name in names or list(RECORDS):
         _, _, run = load_record(name)
+        own = dataclasses.replace(costs, request_s=speeds.get(name, costs.request_s))
         entry: dict[str, Any] = {
             "record": RECORDS[name].file, "note": RECORDS[name].note,
-            "in_sample": record_fidelity(_replay_arms(name, costs, run["arms"]), run["arms"])}
+            "request_s": own.request_s,
+            "in_sample": record_fidelity(_replay_arms(name, own), run["arms"])}
         if held_out:
-            others = [r for r in LADDER_RECORDS if r != RECORDS[name].file]
-            refit = _costs(h200_parameters(records=others))
-            entry["held_out"] = record_fidelity(_replay_arms(name, refit, run["arms"]),
-                                                run["arms"])
+            refit = _costs(h200_parameters(records=[r for r in RECORDS if r != name]))
+            entry["held_out"] = record_fidelity(_replay_arms(name, refit), run["arms"])
         out[name] = entry
     summary = {
-        kind: {"max_abs_error": max(e[kind]["max_abs_error"] for e in out.values()),
-               "arms_within_10pct": sum(abs(r["error"]) <= 0.10 for e in out.values()
-                                        for r in e[kind]["arms"].values() if "error" in r),
-               "arms_compared": sum("error" in r for e in out.values()
-                                    for r in e[kind]["arms"].values()),
-               "discordant_pairs": sum(len(e[kind]["discordant"]) for e in out.values())}
-        for kind in ("in_sample", "held_out") if all(kind in e for e in out.values())}
+        group: {kind: _summary([e[kind] for n, e in out.items()
+                                if group == "all" or RECORDS[n].group == group])
+                for kind in ("in_sample", "held_out") if all(kind in e for e in out.values())}
+        for group in ("all", *dict.fromkeys(RECORDS[n].group for n in out))}
     return {"records": out, "summary": summary,
             "device_repeatability": device_repeatability(names)}

@@ -2,16 +2,19 @@
 
 Two profiles, every parameter with its source:
 
-* `h200-bench`: the policy bench's engine on the H200 (bench/policy_arms.py
-  `gpu_engine_config`), fitted from the H200 records in bench/results/h200:
+* `h200-bench`: the policy bench's engine (bench/policy_arms.py `gpu_engine_config`), fitted
+  from the GPU records of bench/replay/records.py (the H200 ladder records and every
+  per-seed run, H200 and H100: the two cards' calls overlap, see `DecodeFit`):
   - decode: least squares, weighted by tokens, over every request's decode window in the
-    ladder records (all arms, both traces) that no transition overlapped and that ran alone
-    (a round of one request) or beside exactly one other for all of it (a round of two):
-    seconds per token = `round_s` + requests in the round x `request_s` + their live context
-    x `context_token_s` + the engine's misses per token in the window x `miss_s`, with every
-    coefficient held >= 0;
+    records (all arms, every trace) that no transition overlapped and that ran alone (a
+    round of one request) or beside exactly one other for all of it (a round of two):
+    seconds per token = `round_s` + requests in the round x the record's own `request_s` +
+    their live context x `context_token_s` + the engine's misses per token in the window x
+    `miss_s`, with every coefficient held >= 0; the profile's `request_s` is the median
+    record's;
   - prefill: TTFT of the requests the no-daemon arms sent to an idle engine, less the first
-    token's round as the decode fit prices it, against the prompt's tokens;
+    token's round as the decode fit prices it (at the median speed), against the prompt's
+    tokens;
   - chunk operations: the per-operation pauses of bench/results/h200/transition.json;
   - `freetoken_rebuild_s` 0: the reference engine in `freetoken` mode is priced by its
     operations (reallocating each touched pool).
@@ -31,22 +34,22 @@ import itertools
 import json
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.replay.calibration import SCHEMA, Parameter, profile_doc
+from bench.replay.records import RECORDS
+from bench.replay.records import RESULTS as RECORD_FILES
 from engine.reference.routing import PRESET_B, simulate_lru_hit_rate
 
-__all__ = ["LADDER_RECORDS", "calibration_doc", "decode_samples", "fit_decode", "h200_parameters",
-           "main"]
+__all__ = ["DecodeFit", "calibration_doc", "decode_fit", "decode_samples", "fit_decode",
+           "h200_parameters", "main"]
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
-LADDER_RECORDS = ("ladder-agentic.json", "ladder-mixed.json", "ladder-mixed-earlier-calls.json",
-                  "ladder-agentic-uncapped-rungs.json")
+RESULTS = RECORD_FILES / "h200"
 _NO_DAEMON_ARMS = ("static-full", "static-short")
-_DECODE_TERMS = ("round_s", "request_s", "context_token_s", "miss_s")
 
 
 def _windows(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, Mapping[str, Any]]]:
@@ -88,15 +91,16 @@ def decode_samples(run: Mapping[str, Any]) -> Iterator[tuple[list[float], float,
                    row["decode_s"] / tokens, tokens)
 
 
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray, kept: int) -> np.ndarray:
     """Weighted least squares with every coefficient >= 0: the best fit over the subsets of
-    terms whose own fit is non-negative (four terms: sixteen small fits)."""
+    the shared terms (the columns after the first `kept`, which every fit keeps) whose own fit
+    is non-negative (three shared terms: eight small fits)."""
     sw = np.sqrt(w)
     best: tuple[float, np.ndarray] | None = None
     n = x.shape[1]
-    for k in range(1, n + 1):
-        for keep in itertools.combinations(range(n), k):
-            cols = list(keep)
+    for k in range(n - kept + 1):
+        for shared in itertools.combinations(range(kept, n), k):
+            cols = [*range(kept), *shared]
             coef, *_ = np.linalg.lstsq(x[:, cols] * sw[:, None], y * sw, rcond=None)
             if (coef < 0).any():
                 continue
@@ -105,23 +109,51 @@ def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarra
             err = float(np.sum(w * (x @ full - y) ** 2))
             if best is None or err < best[0]:
                 best = (err, full)
-    assert best is not None
+    assert best is not None, "no non-negative fit"
     return best[1]
 
 
-def fit_decode(runs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], int, float]:
-    """The decode terms, the windows they were fitted on, and the token-weighted median
-    absolute relative residual."""
-    samples = [s for run in runs for s in decode_samples(run)]
-    x = np.array([s[0] for s in samples])
-    y = np.array([s[1] for s in samples])
-    w = np.array([s[2] for s in samples], dtype=float)
-    coef = _nonnegative_lstsq(x, y, w)
+@dataclass(frozen=True, slots=True)
+class DecodeFit:
+    """The decode terms: `round_s`, `context_token_s` and `miss_s` shared by every record, and
+    each record's own cost per request in a round. Why one per record: the same work on the
+    same card runs up to 28 % apart from one device call to the next (the A/A rows of the
+    fidelity table) while a miss costs the same in every call, so a common per-request cost
+    would charge every call's speed to the context and miss terms instead. A replay of a new
+    call is priced at the median record's speed."""
+
+    request_s_by_record: Mapping[str, float]
+    round_s: float
+    context_token_s: float
+    miss_s: float
+    windows: int
+    median_residual: float
+
+    @property
+    def request_s(self) -> float:
+        return float(statistics.median(self.request_s_by_record.values()))
+
+
+def fit_decode(runs_by_record: Mapping[str, Sequence[Mapping[str, Any]]]) -> DecodeFit:
+    """The decode fit over every usable window of the runs of each record (a record without
+    one is left out); its residual is token-weighted, each window priced at its own record's
+    speed."""
+    samples = {name: [s for run in runs for s in decode_samples(run)]
+               for name, runs in runs_by_record.items()}
+    names = [name for name, got in samples.items() if got]
+    rows = [([float(name == own) * terms[1] for own in names] + [1.0, terms[2], terms[3]],
+             seconds, tokens) for name in names for terms, seconds, tokens in samples[name]]
+    x = np.array([r[0] for r in rows])
+    y = np.array([r[1] for r in rows])
+    w = np.array([r[2] for r in rows], dtype=float)
+    coef = _nonnegative_lstsq(x, y, w, kept=len(names))
     residual = np.abs(x @ coef / y - 1)
     order = np.argsort(residual)
     cumulative = np.cumsum(w[order])
     median = float(residual[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
-    return dict(zip(_DECODE_TERMS, map(float, coef), strict=True)), len(samples), median
+    round_s, context_token_s, miss_s = map(float, coef[len(names):])
+    return DecodeFit(dict(zip(names, map(float, coef[:len(names)]), strict=True)), round_s,
+                     context_token_s, miss_s, len(rows), median)
 
 
 def _idle_prefills(run: Mapping[str, Any]) -> Iterator[tuple[int, float, float]]:
@@ -137,14 +169,13 @@ def _idle_prefills(run: Mapping[str, Any]) -> Iterator[tuple[int, float, float]]
             yield row["prompt_tokens"], row["ttft_s"], run["arms"][arm]["hit_rate"] or 0.0
 
 
-def fit_prefill(runs: Sequence[Mapping[str, Any]], decode: Mapping[str, float],
+def fit_prefill(runs: Sequence[Mapping[str, Any]], decode: DecodeFit,
                 lookups_per_token: int) -> tuple[float, float, int]:
     points = []
     for run in runs:
         for prompt, ttft, hit_rate in _idle_prefills(run):
-            first_round = (decode["round_s"] + decode["request_s"]
-                           + decode["context_token_s"] * prompt
-                           + decode["miss_s"] * lookups_per_token * (1 - hit_rate))
+            first_round = (decode.round_s + decode.request_s + decode.context_token_s * prompt
+                           + decode.miss_s * lookups_per_token * (1 - hit_rate))
             points.append((prompt, max(0.0, ttft - first_round)))
     slope, intercept = statistics.linear_regression([p for p, _ in points],
                                                     [t for _, t in points])
@@ -246,47 +277,66 @@ def _report_profile(h200: Mapping[str, Parameter], ftserve_steps: Sequence[float
     }
 
 
-def h200_parameters(results: Path = RESULTS,
-                    records: Sequence[str] = LADDER_RECORDS) -> dict[str, Parameter]:
-    """The h200-bench profile, its decode and prefill terms fitted from `records` alone (the
-    fidelity check leaves one out to predict it)."""
-    runs = [run for name in records
-            for run in json.loads((results / name).read_text())["runs"].values()]
-    decode, windows, residual = fit_decode(runs)
+def _record_runs(records: Sequence[str]) -> dict[str, list[Mapping[str, Any]]]:
+    return {name: list(json.loads((RECORD_FILES / RECORDS[name].file).read_text())["runs"]
+                       .values()) for name in records}
+
+
+def decode_fit(records: Sequence[str] | None = None) -> DecodeFit:
+    """The decode fit over `records` (names of bench/replay/records.py; default all)."""
+    return fit_decode(_record_runs(records or list(RECORDS)))
+
+
+def h200_parameters(records: Sequence[str] | None = None) -> dict[str, Parameter]:
+    """The h200-bench profile, its decode and prefill terms fitted from `records` alone
+    (default all; the fidelity check leaves one out to predict it)."""
+    by_record = _record_runs(records or list(RECORDS))
+    runs = [run for got in by_record.values() for run in got]
+    decode = fit_decode(by_record)
     lookups = 24 * 8  # gpu_engine_config: 24 layers, top-8
     prefill_s, prefill_token_s, prefills = fit_prefill(runs, decode, lookups)
-    names = ", ".join(f"bench/results/h200/{n}" for n in records)
-    fit = (f"least squares (>= 0) over {windows} decode windows of {names} (median "
-           f"|residual| {residual:.1%})")
+    speeds = sorted(decode.request_s_by_record.values())
+    fit = (f"least squares (>= 0) over {decode.windows} decode windows of "
+           f"{len(by_record)} GPU records ({', '.join(by_record)}; bench/replay/records.py) "
+           f"(median |residual| {decode.median_residual:.1%})")
     return {
-        "round_s": Parameter(decode["round_s"], "s", f"{fit}: once per round"),
-        "request_s": Parameter(decode["request_s"], "s", f"{fit}: per request in the round"),
-        "context_token_s": Parameter(decode["context_token_s"], "s",
+        "round_s": Parameter(decode.round_s, "s", f"{fit}: once per round"),
+        "request_s": Parameter(decode.request_s, "s", f"{fit}: per request in the round, the "
+                               f"median of the {len(speeds)} records' own values "
+                               f"({speeds[0] * 1e3:.2f}-{speeds[-1] * 1e3:.2f} ms; each "
+                               "device call runs at its own speed: request_s_by_record)"),
+        "context_token_s": Parameter(decode.context_token_s, "s",
                                      f"{fit}: per live context token of each request"),
-        "miss_s": Parameter(decode["miss_s"], "s", f"{fit}: per expert miss"),
+        "miss_s": Parameter(decode.miss_s, "s", f"{fit}: per expert miss"),
         "prefill_s": Parameter(prefill_s, "s", f"TTFT of {prefills} requests sent to an idle "
                                "engine by the no-daemon arms of the same records, less the "
                                "first round: intercept"),
         "prefill_token_s": Parameter(prefill_token_s, "s", "the same fit: slope per prompt "
                                      "token"),
-        **_chunk_costs(json.loads((results / "transition.json").read_text())),
+        **_chunk_costs(json.loads((RESULTS / "transition.json").read_text())),
         "freetoken_rebuild_s": Parameter(0.0, "s", "0: priced by the reference engine's own "
                                          "operations in freetoken mode (each touched pool "
                                          "freed, then reallocated)"),
     }
 
 
-def calibration_doc(results: Path = RESULTS, *, hit_tokens: int = 400) -> dict[str, Any]:
-    """Both profiles, fitted from the records under `results`."""
-    h200 = h200_parameters(results)
-    steps = list(_ftserve_rebuild_steps(json.loads((results / "ftserve-e2e.json").read_text())))
+def calibration_doc(*, hit_tokens: int = 400) -> dict[str, Any]:
+    """Both profiles, fitted from the records."""
+    h200 = h200_parameters()
+    speeds = decode_fit().request_s_by_record
+    steps = list(_ftserve_rebuild_steps(json.loads((RESULTS / "ftserve-e2e.json").read_text())))
     return {
         "schema": SCHEMA,
         "written_by": "python -m bench.replay fit",
         "profiles": {
-            "h200-bench": profile_doc(
+            "h200-bench": {**profile_doc(
                 "The policy bench's reference engine on the H200 (emulated 16 GB card, 24 "
-                "layers x 128 experts top-8, 2 MiB experts), fitted from its records.", h200),
+                "layers x 128 experts top-8, 2 MiB experts), fitted from its H200 records and "
+                "the H100 per-seed runs: the card does not set a call's speed "
+                "(request_s_by_record).", h200),
+                # Not a cost the replay charges: the records' own speeds, which the fidelity
+                # check's in-sample predictions use.
+                "request_s_by_record": speeds},
             "rtx5080-report": profile_doc(
                 "The motivating report's RTX 5080 16 GB beside the real ft serve 0.1.2 "
                 "(Qwen3.8-Flash-Next NVFP4, tests/fixtures/seed-rtx5080-status.json): "

@@ -1,12 +1,19 @@
-"""The H200 ladder records, and how to replay each as the code that measured it ran.
+"""The GPU records the replay is fitted on and checked against, and how to replay each as the
+code that measured it ran.
 
-Why: the fidelity check replays every record already in bench/results/h200, and those were
-measured by earlier versions of the bench (docs/results.md): before the pause budget (one
-chunk operation per decode round), with the bench's first oracle (the lowest rung holding each
-request), two of them before the gate counted forwarded, unanswered requests as live demand,
-and one before the geometric ladder's steps were capped at 32k tokens. A replay of a record
-takes each of those as the record ran it; everything else (trace, seed, request count, output
-scale, time compression, engine) comes from the record's own `meta`.
+Why: the fidelity check replays every record already in bench/results. Two kinds:
+
+- the four H200 ladder records (bench/results/h200/ladder-*.json), measured by earlier versions
+  of the bench (docs/results.md): before the pause budget (one chunk operation per decode
+  round), with the bench's first oracle (the lowest rung holding each request), two of them
+  before the gate counted forwarded, unanswered requests as live demand, and one before the
+  geometric ladder's steps were capped at 32k tokens; each arm of them may have run in a
+  different device call;
+- every per-seed run of bench/gpu_run.sh `policy_seeds` (bench/results/CARD/seeds/TRACE-SEED),
+  one device call each, measured by today's daemon and engine.
+
+A replay of a record takes each of those as the record ran it; everything else (trace, seed,
+request count, output scale, time compression, engine) comes from the record's own `meta`.
 """
 
 from __future__ import annotations
@@ -22,34 +29,55 @@ from bench.replay.arms import World, replay_trace
 from bench.replay.calibration import Costs
 from bench.replay.server import ServerSpec
 
-__all__ = ["RECORDS", "RESULTS", "RecordSetup", "load_record", "replay_record"]
+__all__ = ["RECORDS", "RESULTS", "RecordSetup", "load_record", "replay_record", "replay_run"]
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "h200"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 @dataclass(frozen=True, slots=True)
 class RecordSetup:
-    file: str
+    file: str  # relative to bench/results
     # The fix of 2026-12-03 (docs/results.md): the gate's forwarded requests count as live
     # demand, and the engine re-admits waiting requests after a rebuild.
-    fixed_demand: bool
+    fixed_demand: bool = True
     kv_step_tokens: int = 32_768
-    pause_budget_s: float = 0.0
-    priced_oracle: bool = False
+    # None: the engine's own default (bench/policy_arms.py gpu_engine_config).
+    pause_budget_s: float | None = None
+    priced_oracle: bool = True
     note: str = ""
 
+    @property
+    def group(self) -> str:
+        """Which kind of record (the fidelity summary reports each)."""
+        return "seed_runs" if "/seeds/" in self.file else "ladder_records"
 
-RECORDS: dict[str, RecordSetup] = {s.file.removesuffix(".json"): s for s in (
-    RecordSetup("ladder-agentic.json", fixed_demand=True,
-                note="one agentic session and a second one; three device calls"),
-    RecordSetup("ladder-mixed.json", fixed_demand=True,
-                note="two agentic sessions beside 19 chats; two device calls"),
-    RecordSetup("ladder-mixed-earlier-calls.json", fixed_demand=False,
-                note="the mixed trace before the forwarded-demand fix; four device calls"),
-    RecordSetup("ladder-agentic-uncapped-rungs.json", fixed_demand=False,
-                kv_step_tokens=10**9,
-                note="before the 32k cap on the default ladder's steps; one device call"),
-)}
+
+def _seed_runs() -> list[tuple[str, RecordSetup]]:
+    """Every committed `policy_seeds` run, named CARD/TRACE-SEED, in name order."""
+    out = []
+    for path in sorted(RESULTS.glob("*/seeds/*/ladder-seeds.json")):
+        card, _, run_dir = path.relative_to(RESULTS).parts[:3]
+        out.append((f"{card}/{run_dir}",
+                    RecordSetup(str(path.relative_to(RESULTS)),
+                                note=f"policy_seeds on the {card.upper()}; one device call")))
+    return out
+
+
+_OLD = dict(pause_budget_s=0.0, priced_oracle=False)
+RECORDS: dict[str, RecordSetup] = {
+    "ladder-agentic": RecordSetup("h200/ladder-agentic.json", **_OLD,
+                                  note="one agentic session and a second one; three device "
+                                  "calls"),
+    "ladder-mixed": RecordSetup("h200/ladder-mixed.json", **_OLD,
+                                note="two agentic sessions beside 19 chats; two device calls"),
+    "ladder-mixed-earlier-calls": RecordSetup(
+        "h200/ladder-mixed-earlier-calls.json", fixed_demand=False, **_OLD,
+        note="the mixed trace before the forwarded-demand fix; four device calls"),
+    "ladder-agentic-uncapped-rungs": RecordSetup(
+        "h200/ladder-agentic-uncapped-rungs.json", fixed_demand=False, kv_step_tokens=10**9,
+        **_OLD, note="before the 32k cap on the default ladder's steps; one device call"),
+    **dict(_seed_runs()),
+}
 
 
 def load_record(name: str) -> tuple[RecordSetup, dict[str, Any], dict[str, Any]]:
@@ -63,14 +91,23 @@ def load_record(name: str) -> tuple[RecordSetup, dict[str, Any], dict[str, Any]]
 def replay_record(name: str, costs: Costs, arms: Sequence[str] | None = None,
                   ) -> dict[str, Any]:
     """Every arm of record `name` (or `arms`) replayed as it ran, priced by `costs`."""
-    setup, meta, run = load_record(name)
-    config = replace(gpu_engine_config(), rebuild_pause_budget_s=setup.pause_budget_s)
+    return replay_run(*load_record(name), costs, arms)
+
+
+def replay_run(setup: RecordSetup, meta: Any, run: Any, costs: Costs,
+               arms: Sequence[str] | None = None) -> dict[str, Any]:
+    """Every arm of `run` (or `arms`), a run of a policy_bench file with its `meta`, replayed
+    as `setup` says the code that measured it ran."""
+    config = gpu_engine_config()
+    if setup.pause_budget_s is not None:
+        config = replace(config, rebuild_pause_budget_s=setup.pause_budget_s)
     spec = replace(ServerSpec.from_engine_config(config), readmit_waiting=setup.fixed_demand)
     world = World("h200-bench", spec, costs)
+    seed = run.get("seed", meta["seed"])
     opts = BenchOptions(device="cuda", scale=meta["scale"], compress=meta["compress"],
-                        seed=meta["seed"], arms=(), quiet=True, threads=None,
+                        seed=seed, arms=(), quiet=True, threads=None,
                         kv_step_tokens=setup.kv_step_tokens)
-    trace = build_trace(run["trace"], run["requests"], seed=meta["seed"], scale=meta["scale"],
+    trace = build_trace(run["trace"], run["requests"], seed=seed, scale=meta["scale"],
                         output_scale=meta["output_scale"])
     return replay_trace(run["trace"], trace, opts, world, list(arms or run["arms"]),
                         priced_oracle=setup.priced_oracle,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["fidelity_markdown", "seeds_markdown", "targets_markdown"]
+__all__ = ["fidelity_markdown", "fidelity_summary_markdown", "seeds_markdown", "targets_markdown"]
 
 
 def _pct(value: float) -> str:
@@ -37,6 +37,33 @@ def fidelity_markdown(doc: Mapping[str, Any]) -> str:
                          else " | ")
                 lines.append(f"| {name} | {arm} | {r['measured_tps']:.1f} | "
                              f"{r['predicted_tps']:.1f} | {_pct(r['error'])} | {cells} |")
+    return "\n".join(lines)
+
+
+def _within(summary: Mapping[str, Any]) -> str:
+    return (f"{summary['arms_within_10pct']}/{summary['arms_compared']}, max "
+            f"{summary['max_abs_error']:.1%}".replace("%", " %"))
+
+
+_GROUPS = {"ladder_records": "H200 ladder records", "seed_runs": "per-seed runs",
+           "all": "all records"}
+
+
+def fidelity_summary_markdown(doc: Mapping[str, Any]) -> str:
+    """Per record: its arms within 10 % and the largest error, in sample and held out; then
+    each group's totals, with the arm pairs ordered otherwise that the device measured more
+    than 5 % apart."""
+    lines = ["| record | in sample: arms within 10 %, max error | held out | speed (ms per "
+             "request) |", "|---|---|---|---:|"]
+    for name, entry in doc["records"].items():
+        held = entry.get("held_out")
+        lines.append(f"| {name} | {_within(entry['in_sample'])} | "
+                     f"{_within(held) if held else '-'} | "
+                     f"{entry['request_s'] * 1e3:.2f} |")
+    for group, kinds in doc["summary"].items():
+        cells = [f"**{_within(s)}**, {s['discordant_pairs_clear']} clear swaps"
+                 for s in kinds.values()]
+        lines.append(f"| **{_GROUPS[group]}** | " + " | ".join(cells) + " | |")
     return "\n".join(lines)
 
 

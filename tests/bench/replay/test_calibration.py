@@ -16,7 +16,7 @@ from bench.replay.calibration import (
     Costs,
     load_profile,
 )
-from bench.replay.fit import calibration_doc, h200_parameters
+from bench.replay.fit import calibration_doc, decode_fit, h200_parameters
 
 PROFILES = ("h200-bench", "rtx5080-report")
 
@@ -47,8 +47,24 @@ def test_the_decode_fit_is_token_weighted_and_mostly_tight() -> None:
     residual = float(source.split("median |residual| ")[1].split("%")[0])
     assert windows >= 100 and residual < 15.0
     # Leaving a record out changes the fit but keeps it in the same regime.
-    held = h200_parameters(records=("ladder-agentic.json", "ladder-mixed.json"))
+    held = h200_parameters(records=("ladder-agentic", "ladder-mixed"))
     assert held["miss_s"].value == pytest.approx(params["miss_s"].value, rel=0.5)
+
+
+def test_each_record_is_priced_at_its_own_speed() -> None:
+    """One cost per request a record (a device call's speed), the profile's the median; the
+    miss cost is shared, and the file keeps every record's speed."""
+    fit = decode_fit()
+    speeds = sorted(fit.request_s_by_record.values())
+    assert fit.request_s == pytest.approx(speeds[len(speeds) // 2] if len(speeds) % 2 else
+                                          (speeds[len(speeds) // 2 - 1]
+                                           + speeds[len(speeds) // 2]) / 2)
+    assert speeds[-1] / speeds[0] > 1.2  # calls differ; a common cost would hide it
+    assert 20e-6 < fit.miss_s < 80e-6
+    doc = json.loads(DEFAULT_CALIBRATION.read_text())["profiles"]["h200-bench"]
+    assert doc["request_s_by_record"] == pytest.approx(fit.request_s_by_record)
+    costs, _ = load_profile(DEFAULT_CALIBRATION, "h200-bench")
+    assert costs.request_s == pytest.approx(fit.request_s)
 
 
 def _write(tmp_path: Path, doc: object) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.replay.calibration import DEFAULT_CALIBRATION, load_profile
 from bench.replay.compare import compare_run
 
 RUN = (Path(__file__).resolve().parents[3] / "bench" / "results" / "h200" / "seeds"
@@ -17,7 +18,7 @@ def test_the_h200_seed_run_is_replayed_arm_for_arm() -> None:
     doc = json.loads(RUN.read_text())
     run = doc["runs"]["agentic/seed1"]
     run = {**run, "arms": {a: run["arms"][a] for a in ("static-full", "pinned-0")}}
-    got = compare_run(run, doc["meta"])
+    got = compare_run(run, doc["meta"], load_profile(DEFAULT_CALIBRATION, "h200-bench")[0])
     assert (got["trace"], got["seed"], got["requests"]) == ("agentic", 1, 10)
     row = got["tps"]["arms"]["pinned-0"]
     assert row["measured_tps"] == run["arms"]["pinned-0"]["decode_tps"]
