@@ -6,7 +6,8 @@
   (bench/results/replay-fidelity.json);
 - `seeds`: every workload x seed x arm, over worker processes, with bootstrap intervals and
   the targets (bench/results/replay-seeds.json);
-- `tables`: the Markdown tables of the README and docs/results.md, from those two files;
+- `tables`: the Markdown tables of the README and docs/results.md, from those two files
+  (the fidelity summary, the full fidelity table, the many-seed ratios, the targets);
 - `compare FILE...`: GPU many-seed files (bench/gpu_run.sh policy_seeds) beside the replay of
   the same trace and seed (bench/results/replay-vs-gpu.json).
 
@@ -30,7 +31,12 @@ from bench.replay import fit
 from bench.replay.arms import REPLAY_ARMS
 from bench.replay.calibration import DEFAULT_CALIBRATION, CalibrationError, load_profile
 from bench.replay.seeds import WORKLOADS, default_workers, replay_seeds, summarize_replay
-from bench.replay.tables import fidelity_markdown, seeds_markdown, targets_markdown
+from bench.replay.tables import (
+    fidelity_markdown,
+    fidelity_summary_markdown,
+    seeds_markdown,
+    targets_markdown,
+)
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -166,8 +172,9 @@ def _tables(fidelity: str, seeds: str) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: {path}: {exc}", file=sys.stderr)
             return 2
-    print(f"{fidelity_markdown(docs['fidelity'])}\n\n{seeds_markdown(docs['seeds'])}\n\n"
-          f"{targets_markdown(docs['seeds'])}")
+    print("\n\n".join((fidelity_summary_markdown(docs["fidelity"]),
+                        fidelity_markdown(docs["fidelity"]), seeds_markdown(docs["seeds"]),
+                        targets_markdown(docs["seeds"]))))
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Why one file of parameters (bench/calibration/h200.json): a replay is only as good as what it
 charges for time, so each cost is written down once with where it came from (a fit over the
-H200 records, a bench's measurement, a published figure) and `python -m bench.replay fit`
+GPU records, a bench's measurement, a published figure) and `python -m bench.replay fit`
 rewrites the fitted ones from the records. A profile prices one machine:
 
 - decode, per scheduler round: `round_s` once, then per running request `request_s` +
