@@ -94,7 +94,8 @@ def _replay_arms(name: str, costs: Costs) -> dict[str, Any]:
     whole; the others arm by arm, so a stalled arm is left out and no other with it."""
     arms = load_record(name)[2]["arms"]
     if RECORDS[name].priced_oracle:
-        return replay_record(name, costs)["arms"]
+        whole: dict[str, Any] = replay_record(name, costs)["arms"]
+        return whole
     out = {}
     for arm in arms:
         with contextlib.suppress(VirtualTimeExceeded):

@@ -63,19 +63,24 @@ def _seed_runs() -> list[tuple[str, RecordSetup]]:
     return out
 
 
-_OLD = dict(pause_budget_s=0.0, priced_oracle=False)
+def _ladder_record(file: str, note: str, *, fixed_demand: bool = True,
+                   kv_step_tokens: int = 32_768) -> RecordSetup:
+    """An H200 ladder record: run before the pause budget, with the bench's first oracle."""
+    return RecordSetup(f"h200/{file}", fixed_demand=fixed_demand, kv_step_tokens=kv_step_tokens,
+                       pause_budget_s=0.0, priced_oracle=False, note=note)
+
+
 RECORDS: dict[str, RecordSetup] = {
-    "ladder-agentic": RecordSetup("h200/ladder-agentic.json", **_OLD,
-                                  note="one agentic session and a second one; three device "
-                                  "calls"),
-    "ladder-mixed": RecordSetup("h200/ladder-mixed.json", **_OLD,
-                                note="two agentic sessions beside 19 chats; two device calls"),
-    "ladder-mixed-earlier-calls": RecordSetup(
-        "h200/ladder-mixed-earlier-calls.json", fixed_demand=False, **_OLD,
-        note="the mixed trace before the forwarded-demand fix; four device calls"),
-    "ladder-agentic-uncapped-rungs": RecordSetup(
-        "h200/ladder-agentic-uncapped-rungs.json", fixed_demand=False, kv_step_tokens=10**9,
-        **_OLD, note="before the 32k cap on the default ladder's steps; one device call"),
+    "ladder-agentic": _ladder_record("ladder-agentic.json", "one agentic session and a "
+                                     "second one; three device calls"),
+    "ladder-mixed": _ladder_record("ladder-mixed.json", "two agentic sessions beside 19 "
+                                   "chats; two device calls"),
+    "ladder-mixed-earlier-calls": _ladder_record(
+        "ladder-mixed-earlier-calls.json", "the mixed trace before the forwarded-demand fix; "
+        "four device calls", fixed_demand=False),
+    "ladder-agentic-uncapped-rungs": _ladder_record(
+        "ladder-agentic-uncapped-rungs.json", "before the 32k cap on the default ladder's "
+        "steps; one device call", fixed_demand=False, kv_step_tokens=10**9),
     **dict(_seed_runs()),
 }
 
