@@ -14,7 +14,7 @@ Two profiles, every parameter with its source:
     record's;
   - prefill: TTFT of the requests the no-daemon arms sent to an idle engine, less the first
     token's round as the decode fit prices it (at the median speed), against the prompt's
-    tokens;
+    tokens (Theil-Sen: robust to the few that waited behind something else);
   - chunk operations: the per-operation pauses of bench/results/h200/transition.json;
   - `freetoken_rebuild_s` 0: the reference engine in `freetoken` mode is priced by its
     operations (reallocating each touched pool).
@@ -169,6 +169,17 @@ def _idle_prefills(run: Mapping[str, Any]) -> Iterator[tuple[int, float, float]]
             yield row["prompt_tokens"], row["ttft_s"], run["arms"][arm]["hit_rate"] or 0.0
 
 
+def _theil_sen(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope): the median of the pairwise slopes, then the median intercept. A
+    prefill that waited behind something else (a rebuild, a held request) is an outlier a
+    least-squares line bends to: two such of 148 doubled its intercept."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    i, j = np.triu_indices(len(xs), 1)
+    apart = xs[i] != xs[j]
+    slope = float(np.median((ys[j] - ys[i])[apart] / (xs[j] - xs[i])[apart]))
+    return float(np.median(ys - slope * xs)), slope
+
+
 def fit_prefill(runs: Sequence[Mapping[str, Any]], decode: DecodeFit,
                 lookups_per_token: int) -> tuple[float, float, int]:
     points = []
@@ -177,8 +188,7 @@ def fit_prefill(runs: Sequence[Mapping[str, Any]], decode: DecodeFit,
             first_round = (decode.round_s + decode.request_s + decode.context_token_s * prompt
                            + decode.miss_s * lookups_per_token * (1 - hit_rate))
             points.append((prompt, max(0.0, ttft - first_round)))
-    slope, intercept = statistics.linear_regression([p for p, _ in points],
-                                                    [t for _, t in points])
+    intercept, slope = _theil_sen([p for p, _ in points], [t for _, t in points])
     return max(0.0, intercept), max(0.0, slope), len(points)
 
 
@@ -310,7 +320,8 @@ def h200_parameters(records: Sequence[str] | None = None) -> dict[str, Parameter
         "miss_s": Parameter(decode.miss_s, "s", f"{fit}: per expert miss"),
         "prefill_s": Parameter(prefill_s, "s", f"TTFT of {prefills} requests sent to an idle "
                                "engine by the no-daemon arms of the same records, less the "
-                               "first round: intercept"),
+                               "first round: Theil-Sen intercept (median of the pairwise "
+                               "slopes, then of the intercepts)"),
         "prefill_token_s": Parameter(prefill_token_s, "s", "the same fit: slope per prompt "
                                      "token"),
         **_chunk_costs(json.loads((RESULTS / "transition.json").read_text())),

@@ -4,6 +4,7 @@ writes from the records; a bad file is one clear error naming the file and the k
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import fields
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from bench.replay.calibration import (
     Costs,
     load_profile,
 )
-from bench.replay.fit import calibration_doc, decode_fit, h200_parameters
+from bench.replay.fit import _theil_sen, calibration_doc, decode_fit, h200_parameters
 
 PROFILES = ("h200-bench", "rtx5080-report")
 
@@ -106,3 +107,16 @@ def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="cannot read it"):
         load_profile(tmp_path / "absent.json", "h200-bench")
     assert SCHEMA in json.dumps(_good())
+
+
+def test_the_prefill_line_ignores_prefills_that_waited() -> None:
+    """Theil-Sen: a line through most points, whatever two far above it do (a least-squares
+    line doubles its intercept for them)."""
+    prompts = [float(p) for p in range(1_000, 101_000, 5_000)]
+    seconds = [0.06 + 1.4e-6 * p for p in prompts]
+    seconds[1] += 0.4
+    seconds[2] += 0.4
+    intercept, slope = _theil_sen(prompts, seconds)
+    assert intercept == pytest.approx(0.06, rel=0.02)
+    assert slope == pytest.approx(1.4e-6, rel=0.02)
+    assert statistics.linear_regression(prompts, seconds).intercept > 0.09
