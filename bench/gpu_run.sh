@@ -18,7 +18,8 @@
 #   policy_seeds    bench/policy_bench.py --seeds "$SEEDS" over "$TRACES" (default: seed 0 of
 #                   agentic, mixed, handoff) with "$SEED_ARMS" and "$REQUESTS" requests a trace,
 #                   into ladder-seeds.json; RESUME=DIR goes on from DIR/ladder-seeds.json, so one
-#                   call per (trace, seed) builds the many-seed file
+#                   call per (trace, seed) builds the many-seed file; KV_STEP=32k sets the
+#                   moe-ladder arms' ladder step (default the daemon's)
 # Each step is bounded by its SECONDS (defaults below) and a failing step does not stop the
 # next; its exit status and duration land in $OUT/env.txt. At most 8 files come back from a
 # device call: each step writes one JSON and one log (policy steps a PNG too). The files keep
@@ -91,7 +92,7 @@ step() {  # step NAME SECONDS: run one named step, bounded
         resume=(--resume "$RESUME/ladder-seeds.json")
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \
         --device cuda --trace "$TRACES" --seeds "$SEEDS" --requests "$REQUESTS" \
-        --output-scale 8 --arms "$SEED_ARMS" "${resume[@]}" \
+        --output-scale 8 --arms "$SEED_ARMS" ${KV_STEP:+--kv-step "$KV_STEP"} "${resume[@]}" \
         --out "$OUT/ladder-seeds.json" > "$OUT/ladder-seeds.log" 2>&1 ;;
     policy_smoke)
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \

@@ -10,7 +10,7 @@ the same requests (the same prompts, so the same expert routing):
   with a policy (`GrowOnly`, below) that only ever steps up, run through the real daemon and
   gate.
 * `headroom`, `throughput`: moe-ladder, the real daemon and gate with each built-in policy on
-  the default geometric ladder (floor 4k, ratio sqrt(2), steps of at most 32k; both scaled like
+  the default geometric ladder (floor 4k, ratio sqrt(2), steps of at most 16k; both scaled like
   the trace).
 * `pinned-0`: moe-ladder's `pinned` policy at the bottom rung (raised only when demand needs).
 * `oracle`: no daemon; the offline optimum over rung schedules (`bench/schedule.py`, priced
@@ -182,9 +182,9 @@ class BenchOptions:
     threads: int | None = 1
     settle_timeout_s: float = 30.0
     quiet: bool = False
-    # The default ladder's largest step, real tokens (ladder.rungs `kv_step_tokens`); a
-    # recorded run from before that cap replays with a larger one.
-    kv_step_tokens: int = 32_768
+    # The moe-ladder arms' largest ladder step, real tokens: the daemon's default
+    # (ladder.rungs `kv_step_tokens`); a recorded run replays with the step it ran.
+    kv_step_tokens: int = LadderSpec().kv_step_tokens
 
     def seconds(self, real_s: float) -> float:
         """A time constant of the real schedule, played `compress` times faster."""

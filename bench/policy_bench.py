@@ -60,6 +60,7 @@ from bench.policy_arms import (
 from bench.policy_report import derived, plot, render_table, rerate_requests
 from bench.seeds import render_summary, run_key, summarize
 from bench.traces import TraceRequest
+from ladder.units import format_count, parse_count
 
 __all__ = ["SCHEMA", "main", "oracle_plan_for", "run_bench", "run_doc"]
 
@@ -203,7 +204,7 @@ def _meta(opts: BenchOptions) -> dict[str, Any]:
             "CPU run of the scaled-down engine: speeds are this machine's, not a GPU's; the "
             "GPU targets do not apply"),
         "scale": opts.scale, "compress": opts.compress, "seed": opts.seed,
-        "threads": opts.threads,
+        "threads": opts.threads, "kv_step_tokens": opts.kv_step_tokens,
         "arms": list(opts.arms),
         "engine": {"num_layers": m.num_layers, "num_experts": m.num_experts, "top_k": m.top_k,
                    "hidden": m.hidden, "expert_hidden": m.expert_hidden,
@@ -217,7 +218,8 @@ def _meta(opts: BenchOptions) -> dict[str, Any]:
     }
 
 
-_SAME_RUN = ("schema", "device", "scale", "compress", "seed", "output_scale", "engine")
+_SAME_RUN = ("schema", "device", "scale", "compress", "seed", "output_scale", "engine",
+             "kv_step_tokens")
 
 
 def _resumable(path: str, meta: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -272,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compress", type=float, default=20.0,
                         help="divide trace times and daemon time constants by this")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-step", default=None, metavar="TOKENS",
+                        help="largest step of the moe-ladder arms' ladder, real tokens "
+                             f"(default the daemon's, {format_count(BenchOptions.kv_step_tokens)}"
+                             "; grow-only keeps PR #300's 32k)")
     parser.add_argument("--seeds", default=None, metavar="LIST",
                         help="a comma list of seeds: every trace on each, runs kept as "
                              "runs['TRACE/seedN'], and a `traces` block with each arm's "
@@ -313,8 +319,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cuda = args.device.startswith("cuda")
     scale = args.scale if args.scale is not None else (1.0 if cuda else 36.0)
+    try:
+        kv_step = (BenchOptions.kv_step_tokens if args.kv_step is None
+                   else parse_count(args.kv_step))
+        if kv_step < 1:
+            raise ValueError(f"{args.kv_step!r} is not a positive count")
+    except ValueError as exc:
+        print(f"bench/policy_bench: --kv-step: {exc}", file=sys.stderr)
+        return 2
     opts = BenchOptions(device=args.device, scale=scale, compress=args.compress,
-                        seed=args.seed, arms=arms, quiet=args.quiet,
+                        seed=args.seed, arms=arms, quiet=args.quiet, kv_step_tokens=kv_step,
                         threads=args.threads if args.threads is not None else (
                             None if cuda else 1))
     meta = {**_meta(opts), "output_scale": args.output_scale}

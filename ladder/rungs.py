@@ -6,18 +6,22 @@ rung holds the longest context. Every transition between any two rungs is planne
 and a rung that cannot be reached safely from every other is dropped with its reason: the
 controller never has to discover at run time that a step is impossible.
 
-Default spacing (why geometric, ratio sqrt(2), floor 4k, steps of at most 32k): the cost of a
+Default spacing (why geometric, ratio sqrt(2), floor 4k, steps of at most 16k): the cost of a
 rung is its unused KV, which becomes expert slots. Public LRU measurements price an extra 32k
 reserved tokens at ~2 points of hit rate (0.36-0.75 ms/token) at 20-30 % residency, and 2-3x
 more below 15 %; a ratio-r ladder wastes at most (r - 1) of the live context, so the waste stays
 proportional to the context instead of a fixed 32k that dominates short chats (ShareGPT
-contexts: median 821, p99 2.5k tokens). Above ~77k tokens a sqrt(2) step would pass PR #300's
-32k, just where slots are fewest and each costs most (the 16 GB H200 bench: an uncapped
-geometric ladder's 131k -> 187k -> 226k steps left 95-190k agentic turns 1.3-3.7x fewer slots
-than 32k steps did, and even its oracle lost to the grow-only ladder), so steps stop growing at
-`kv_step_tokens`. An agentic session growing from 64k to 200k then crosses 5 rungs, as with
-PR #300's ladder; each crossing costs warm-up (64-160 tokens at a degraded hit rate) and, on
-ft serve, a cold cache and ~1 s of refused requests.
+contexts: median 821, p99 2.5k tokens). Above ~40k tokens a sqrt(2) step would pass 16k, just
+where slots are fewest and each costs most (the 16 GB H200 bench: an uncapped geometric
+ladder's 131k -> 187k -> 226k steps left 95-190k agentic turns 1.3-3.7x fewer slots than 32k
+steps did), so steps stop growing at `kv_step_tokens`. Why 16k and not PR #300's 32k: on the
+calibrated replay (30 seeds of each workload, docs/results.md) a 32k step let a turn miss a
+rung by a few hundred tokens and land 32k higher than it needed, which put the default policy
+below grow-only on its worst seeds (0.959x on mixed); 16k steps keep the worst seed at or
+above 0.99x and raise the median, and 8-12k buy under half a point more for 15-20 % more
+crossings. An agentic session growing from 64k to 200k crosses about 9 rungs; each crossing
+costs warm-up (64-160 tokens at a degraded hit rate) and, on ft serve, a cold cache and ~1 s
+of refused requests, which the replay prices (but not ft serve's prefix-cache wipe).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ class LadderSpec:
         math.sqrt(2), ratio(low=1.0, high=16.0, low_open=True, high_open=False),
         "Geometric ratio, in (1, 16].", flag="--kv-ratio", shown="`1.41421356…` (sqrt 2)")
     kv_step_tokens: int = knob(
-        32768, tokens(), "Linear step, or with geometric spacing the largest step, tokens, "
+        16384, tokens(), "Linear step, or with geometric spacing the largest step, tokens, "
         ">= 1.", flag="--kv-step")
     reserve_bytes: int = knob(0, byte_size(), "Budget held back from every rung, bytes.",
                               flag="--reserve")

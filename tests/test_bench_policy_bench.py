@@ -9,6 +9,7 @@ cache at least as often as the static full-context geometry, which has the fewes
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -153,6 +154,27 @@ def test_resume_keeps_measured_arms_and_runs_the_rest(tmp_path: Path,
     assert out.read_text() == before
     assert bench.main([*common, "--resume", str(tmp_path / "missing.json")]) == 2
 
+
+
+def test_kv_step_sets_the_moe_ladder_arms_ladder_and_is_recorded(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "run.json"
+    common = ["--trace", "chat", "--requests", "3", "--quiet", "--arms", "static-full,pinned-0"]
+    assert bench.main([*common, "--kv-step", "8k", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["kv_step_tokens"] == 8192
+    kv = [r["kv_tokens"] for r in doc["runs"]["chat"]["ladders"]["pinned-0"]]
+    scaled_step = 8192 / doc["meta"]["scale"]
+    page = 16
+    assert max(b - a for a, b in itertools.pairwise(kv[:-1])) <= scaled_step + page
+    # Resuming under another step is another setup; a bad step is one line, nothing written.
+    assert bench.main([*common, "--resume", str(out)]) == 2
+    assert "kv_step_tokens 8192 here 16384" in capsys.readouterr().err
+    for bad in ("0", "lots"):
+        assert bench.main([*common, "--kv-step", bad, "--out", str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("bench/policy_bench: --kv-step:") and "\n" not in err
+    assert not (tmp_path / "x.json").exists()
 
 @pytest.mark.timeout(60)
 async def test_a_signal_mid_trace_interrupts_the_arm_instead_of_recording_refusals() -> None:

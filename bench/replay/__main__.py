@@ -5,9 +5,10 @@
   run) and print measured, predicted and error, in sample and held out
   (bench/results/replay-fidelity.json);
 - `seeds`: every workload x seed x arm, over worker processes, with bootstrap intervals and
-  the targets (bench/results/replay-seeds.json);
-- `tables`: the Markdown tables of the README and docs/results.md, from those two files
-  (the fidelity summary, the full fidelity table, the many-seed ratios, the targets);
+  the targets (bench/results/replay-seeds.json); `--kv-step` replays the moe-ladder arms on
+  another ladder step (bench/results/replay-kv-step/STEP.json);
+- `tables`: the Markdown tables of the README and docs/results.md, from those files (the
+  fidelity summary, the full fidelity table, the many-seed ratios, the targets, the steps);
 - `compare FILE...`: GPU many-seed files (bench/gpu_run.sh policy_seeds) beside the replay of
   the same trace and seed (bench/results/replay-vs-gpu.json).
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.output import report_json
-from bench.policy_arms import DEFAULT_ARM
+from bench.policy_arms import DEFAULT_ARM, BenchOptions
 from bench.replay import fit
 from bench.replay.arms import REPLAY_ARMS
 from bench.replay.calibration import DEFAULT_CALIBRATION, CalibrationError, load_profile
@@ -34,9 +35,11 @@ from bench.replay.seeds import WORKLOADS, default_workers, replay_seeds, summari
 from bench.replay.tables import (
     fidelity_markdown,
     fidelity_summary_markdown,
+    kv_step_markdown,
     seeds_markdown,
     targets_markdown,
 )
+from ladder.units import parse_count
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -61,6 +64,17 @@ def _seeds_arg(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds: a count, a list (0,3,7) or a range (5-9), "
                                          f"not {text!r}") from None
+
+
+def _kv_step_arg(text: str) -> int:
+    """`16k`, `32768`: a positive token count."""
+    try:
+        tokens = parse_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"kv-step: {exc}") from None
+    if tokens < 1:
+        raise argparse.ArgumentTypeError(f"kv-step: {text!r} is not a positive count")
+    return tokens
 
 
 def _names(allowed: Sequence[str], what: str):  # type: ignore[no-untyped-def]
@@ -94,6 +108,9 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tables", help="the docs' Markdown tables, from the JSON files")
     t.add_argument("--fidelity", default=str(RESULTS / "replay-fidelity.json"))
     t.add_argument("--seeds", default=str(RESULTS / "replay-seeds.json"))
+    t.add_argument("--kv-steps", default=str(RESULTS / "replay-kv-step"), metavar="DIR",
+                   help="`seeds --kv-step` documents of other steps, tabled beside --seeds "
+                        "(default: %(default)s)")
     c = sub.add_parser("compare", help="GPU many-seed runs beside the replay of the same seed")
     c.add_argument("files", nargs="+", help="ladder-seeds.json files of GPU runs")
     c.add_argument("--calibration", default=str(DEFAULT_CALIBRATION))
@@ -111,6 +128,9 @@ def parser() -> argparse.ArgumentParser:
                        default=list(REPLAY_ARMS), help="comma-separated (default: all)")
     seeds.add_argument("--workers", type=int, default=default_workers(),
                        help="worker processes (default: %(default)s)")
+    seeds.add_argument("--kv-step", type=_kv_step_arg, default=BenchOptions.kv_step_tokens,
+                       metavar="TOKENS", help="largest step of the moe-ladder arms' ladder "
+                       "(default the daemon's, %(default)s; grow-only keeps PR #300's 32k)")
     return p
 
 
@@ -164,17 +184,21 @@ def _seeds_table(traces: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tables(fidelity: str, seeds: str) -> int:
+def _tables(fidelity: str, seeds: str, kv_steps: str) -> int:
     docs = {}
-    for name, path in (("fidelity", fidelity), ("seeds", seeds)):
+    steps = sorted(Path(kv_steps).glob("*.json"))
+    for name, path in (("fidelity", fidelity), ("seeds", seeds), *(
+            (f"step {p.name}", str(p)) for p in steps)):
         try:
             docs[name] = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             print(f"error: {path}: {exc}", file=sys.stderr)
             return 2
-    print("\n\n".join((fidelity_summary_markdown(docs["fidelity"]),
-                        fidelity_markdown(docs["fidelity"]), seeds_markdown(docs["seeds"]),
-                        targets_markdown(docs["seeds"]))))
+    tables = [fidelity_summary_markdown(docs["fidelity"]), fidelity_markdown(docs["fidelity"]),
+              seeds_markdown(docs["seeds"]), targets_markdown(docs["seeds"])]
+    if steps:  # the seeds file is the default step's row
+        tables.append(kv_step_markdown([d for n, d in docs.items() if n != "fidelity"]))
+    print("\n\n".join(tables))
     return 0
 
 
@@ -213,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit":
         return fit.main(args.out)
     if args.command == "tables":
-        return _tables(args.fidelity, args.seeds)
+        return _tables(args.fidelity, args.seeds, args.kv_steps)
     if args.command == "compare":
         return _compare(args.files, args.calibration, args.out)
     started = time.perf_counter()
@@ -228,12 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for workload in args.workloads:  # fail before any work on a bad file
                 load_profile(args.calibration, WORKLOADS[workload].world)
             runs = replay_seeds(args.workloads, args.seeds, workers=args.workers,
-                                arms=args.arms, calibration=Path(args.calibration))
+                                arms=args.arms, calibration=Path(args.calibration),
+                                kv_step_tokens=args.kv_step)
             traces = summarize_replay(runs, DEFAULT_ARM)
             doc = {"meta": {"schema": "moe-ladder.replay-seeds.v1",
                             "default_arm": DEFAULT_ARM, "calibration": _shown(args.calibration),
                             "workloads": {w: asdict(WORKLOADS[w]) for w in args.workloads},
-                            "arms": args.arms, "workers": args.workers},
+                            "arms": args.arms, "workers": args.workers,
+                            "kv_step_tokens": args.kv_step},
                    "traces": traces,
                    # Each run's per-arm summary and ratios (its per-request rows and timeline
                    # would make the file tens of megabytes; a rerun of one seed gives them).

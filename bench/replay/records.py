@@ -40,6 +40,7 @@ class RecordSetup:
     # The fix of 2026-12-03 (docs/results.md): the gate's forwarded requests count as live
     # demand, and the engine re-admits waiting requests after a rebuild.
     fixed_demand: bool = True
+    # The ladder step of a record whose meta does not name its own (all before 2026-12-07).
     kv_step_tokens: int = 32_768
     # None: the engine's own default (bench/policy_arms.py gpu_engine_config).
     pause_budget_s: float | None = None
@@ -109,9 +110,11 @@ def replay_run(setup: RecordSetup, meta: Any, run: Any, costs: Costs,
     spec = replace(ServerSpec.from_engine_config(config), readmit_waiting=setup.fixed_demand)
     world = World("h200-bench", spec, costs)
     seed = run.get("seed", meta["seed"])
+    # A run that records its step ran with it (from 2026-12-07 on); one that does not ran
+    # with the setup's (32k before the default became 16k).
     opts = BenchOptions(device="cuda", scale=meta["scale"], compress=meta["compress"],
                         seed=seed, arms=(), quiet=True, threads=None,
-                        kv_step_tokens=setup.kv_step_tokens)
+                        kv_step_tokens=meta.get("kv_step_tokens", setup.kv_step_tokens))
     trace = build_trace(run["trace"], run["requests"], seed=seed, scale=meta["scale"],
                         output_scale=meta["output_scale"])
     return replay_trace(run["trace"], trace, opts, world, list(arms or run["arms"]),

@@ -85,11 +85,12 @@ def world_for(name: str, calibration: Path = DEFAULT_CALIBRATION) -> World:
 
 
 def replay_job(workload: str, seed: int, arms: Sequence[str] = REPLAY_ARMS,
-               calibration: str = str(DEFAULT_CALIBRATION)) -> dict[str, Any]:
+               calibration: str = str(DEFAULT_CALIBRATION),
+               kv_step_tokens: int = BenchOptions.kv_step_tokens) -> dict[str, Any]:
     """One (workload, seed): every arm's run document (a worker process runs it)."""
     w = WORKLOADS[workload]
     opts = BenchOptions(device="cuda", scale=w.scale, compress=20.0, seed=seed, arms=(),
-                        quiet=True, threads=None)
+                        quiet=True, threads=None, kv_step_tokens=kv_step_tokens)
     trace = build_trace(w.trace, w.requests, seed=seed, scale=w.scale,
                         output_scale=w.output_scale)
     run = replay_trace(w.trace, trace, opts, world_for(w.world, Path(calibration)),
@@ -123,6 +124,8 @@ def _gap_captured(summary: Mapping[str, Any], default_arm: str) -> list[float | 
     expert cache would add over grow-only that the default policy takes."""
     out: list[float | None] = []
     arms = summary["arms"]
+    if not {default_arm, "grow-only", NO_MISS} <= set(arms):  # a run of fewer arms
+        return [None] * len(summary["seeds"])
     for d, g, n in zip(arms[default_arm], arms["grow-only"], arms[NO_MISS], strict=True):
         out.append(None if None in (d, g, n) or n <= g else round((d - g) / (n - g), 4))
     return out
@@ -171,16 +174,18 @@ def summarize_replay(runs: Mapping[str, Mapping[str, Any]], default_arm: str = D
 
 def replay_seeds(workloads: Sequence[str], seeds: Sequence[int], *, workers: int,
                  arms: Sequence[str] = REPLAY_ARMS,
-                 calibration: Path = DEFAULT_CALIBRATION) -> dict[str, Any]:
+                 calibration: Path = DEFAULT_CALIBRATION,
+                 kv_step_tokens: int = BenchOptions.kv_step_tokens) -> dict[str, Any]:
     """Every (workload, seed) job, over `workers` processes (1: in this one)."""
     jobs = [(w, s) for w in workloads for s in seeds]
     runs: dict[str, Any] = {}
     if workers <= 1:
         for w, s in jobs:
-            runs[run_key(w, s)] = replay_job(w, s, arms, str(calibration))
+            runs[run_key(w, s)] = replay_job(w, s, arms, str(calibration), kv_step_tokens)
     else:
         with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(replay_job, w, s, tuple(arms), str(calibration)): (w, s)
+            futures = {pool.submit(replay_job, w, s, tuple(arms), str(calibration),
+                                   kv_step_tokens): (w, s)
                        for w, s in jobs}
             for future in concurrent.futures.as_completed(futures):
                 runs[run_key(*futures[future])] = future.result()

@@ -8,10 +8,14 @@ number in the docs is a number a command wrote.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["fidelity_markdown", "fidelity_summary_markdown", "seeds_markdown", "targets_markdown"]
+from bench.seeds import FREETOKEN
+
+__all__ = ["fidelity_markdown", "fidelity_summary_markdown", "kv_step_markdown",
+           "seeds_markdown", "targets_markdown"]
 
 
 def _pct(value: float) -> str:
@@ -98,4 +102,33 @@ def targets_markdown(doc: Mapping[str, Any]) -> str:
         for name, check in s["targets"].items():
             verdict = "met" if check["met"] else f"**missed by {-check['by']:.3f}**"
             lines.append(f"| {workload} | {name} | {check['value']:.3f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def kv_step_markdown(docs: Sequence[Mapping[str, Any]]) -> str:
+    """The same seeds on several ladder steps (`seeds --kv-step`), widest step first: per
+    workload the default policy against grow-only (worst seed and median), the oracle (p5)
+    and static-full, freetoken mode, and the transitions a run takes (median)."""
+    lines = ["| step | workload | x grow-only, worst | median | x oracle, p5 | x static-full | "
+             "freetoken x static-full | transitions a run | freetoken |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    default_arms = {doc["meta"]["default_arm"] for doc in docs}
+    (default,) = default_arms  # one policy's steps, not two policies'
+    for doc in sorted(docs, key=lambda d: -d["meta"]["kv_step_tokens"]):
+        step = f"{doc['meta']['kv_step_tokens'] // 1024}k"
+        for workload, t in doc["traces"].items():
+            stats = t["stats"]
+            runs = [r for r in doc["runs"].values() if r["trace"] == workload]
+
+            def transitions(arm: str, runs: list[Any] = runs) -> str:
+                counts = [r["arms"][arm]["transitions"] for r in runs if arm in r["arms"]]
+                return f"{statistics.median(counts):g}" if counts else "-"
+
+            lines.append(
+                f"| {step} | {workload} | {stats['headroom_vs_grow_only']['min']:.3f} | "
+                f"{stats['headroom_vs_grow_only']['median']:.3f} | "
+                f"{stats['headroom_vs_oracle']['p5']:.3f} | "
+                f"{stats['headroom_vs_static_full']['median']:.3f} | "
+                f"{stats['freetoken_vs_static_full']['median']:.3f} | "
+                f"{transitions(default)} | {transitions(FREETOKEN + default)} |")
     return "\n".join(lines)

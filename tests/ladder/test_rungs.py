@@ -132,11 +132,11 @@ def test_levels_are_increasing_page_aligned_and_end_at_the_top(
         assert b <= max(a + page, min(a * ratio, a + step) + page)
 
 
-def test_default_geometric_steps_stop_growing_at_32k() -> None:
+def test_default_geometric_steps_stop_growing_at_16k() -> None:
     levels = kv_levels(LadderSpec(), page_size=16, kv_max_tokens=262_144)
     steps = [b - a for a, b in itertools.pairwise(levels)]
     assert levels[:3] == [4096, 5808, 8224]  # sqrt(2) apart, page-aligned
-    assert max(steps) == 32_768
-    assert levels[-3:-1] == [levels[-2] - 32_768, levels[-2]]  # linear at the top
-    # Beyond 77k tokens the ratio would step further than 32k; every step there is the cap.
-    assert all(b - a == 32_768 for a, b in itertools.pairwise(levels[:-1]) if a >= 80_000)
+    assert max(steps) == 16_384
+    assert levels[-3:-1] == [levels[-2] - 16_384, levels[-2]]  # linear at the top
+    # Beyond ~40k tokens the ratio would step further than 16k; every step there is the cap.
+    assert all(b - a == 16_384 for a, b in itertools.pairwise(levels[:-1]) if a >= 40_000)

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
     (["seeds", "--seeds", "two"], "seeds: a count, a list"),
     (["seeds", "--workloads", "agentic,nope"], "unknown workload: nope"),
     (["seeds", "--arms", "fastest"], "unknown arm: fastest"),
+    (["seeds", "--kv-step", "wide"], "kv-step: 'wide' is not a count"),
+    (["seeds", "--kv-step", "0"], "kv-step: '0' is not a positive count"),
 ])
 def test_bad_arguments_are_one_line(argv: list[str], message: str,
                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,3 +63,19 @@ def test_one_seed_of_one_workload_writes_its_document(tmp_path: Path,
 def test_tables_need_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tables", "--fidelity", str(tmp_path / "absent.json")]) == 2
     assert "absent.json" in capsys.readouterr().err
+
+
+def test_kv_step_sets_the_moe_ladder_arms_ladder(tmp_path: Path) -> None:
+    """The same seed on 32k and 16k steps: the step is recorded, grow-only (PR #300's own
+    ladder) replays to the same numbers, and the pinned arm's do not."""
+    docs = {}
+    for step in ("32k", "16k"):
+        out = tmp_path / f"{step}.json"
+        assert main(["seeds", "--seeds", "1", "--workloads", "mixed", "--workers", "1",
+                     "--arms", "static-full,grow-only,pinned-0", "--kv-step", step,
+                     "--out", str(out)]) == 0
+        docs[step] = json.loads(out.read_text())
+    assert [docs[s]["meta"]["kv_step_tokens"] for s in ("32k", "16k")] == [32_768, 16_384]
+    arms = {s: docs[s]["traces"]["mixed"]["arms"] for s in docs}
+    assert arms["32k"]["grow-only"] == arms["16k"]["grow-only"]
+    assert arms["32k"]["pinned-0"] != arms["16k"]["pinned-0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from bench.replay.calibration import DEFAULT_CALIBRATION, load_profile
 from bench.replay.compare import compare_run
+from bench.replay.records import RecordSetup, replay_run
 
 RUN = (Path(__file__).resolve().parents[3] / "bench" / "results" / "h200" / "seeds"
        / "agentic-1" / "ladder-seeds.json")
@@ -30,3 +32,19 @@ def test_the_h200_seed_run_is_replayed_arm_for_arm() -> None:
     assert got["vs_static_full"]["static-full"] == {"measured": 1.0, "predicted": 1.0,
                                                     "error": 0.0}
     assert ratio["predicted"] > 1.2  # the ladder beats static-full in the replay too
+
+
+def test_a_run_replays_on_the_ladder_step_it_ran() -> None:
+    """Runs before 2026-12-07 name no step and ran the 32k one; later runs name theirs."""
+    doc = json.loads(RUN.read_text())
+    run = doc["runs"]["agentic/seed1"]
+    costs = load_profile(DEFAULT_CALIBRATION, "h200-bench")[0]
+    assert "kv_step_tokens" not in doc["meta"]
+
+    def widest_step(meta: dict) -> int:
+        kv = [r["kv_tokens"] for r in replay_run(RecordSetup(file=""), meta, run, costs,
+                                                 ["pinned-0"])["ladders"]["pinned-0"]]
+        return max(b - a for a, b in itertools.pairwise(kv[:-1]))
+
+    assert widest_step(doc["meta"]) == 32_768
+    assert widest_step({**doc["meta"], "kv_step_tokens": 16_384}) == 16_384

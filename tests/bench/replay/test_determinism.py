@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.policy_arms import DEFAULT_ARM
+from bench.policy_arms import DEFAULT_ARM, BenchOptions
 from bench.replay.seeds import WORKLOADS, replay_seeds, summarize_replay
 
 GOLDEN = Path(__file__).with_name("golden-2-seeds.json")
@@ -20,6 +20,7 @@ GOLDEN = Path(__file__).with_name("golden-2-seeds.json")
 def test_two_seeds_replay_to_the_golden_numbers() -> None:
     golden = json.loads(GOLDEN.read_text())
     assert golden["meta"]["default_arm"] == DEFAULT_ARM
+    assert golden["meta"]["kv_step_tokens"] == BenchOptions.kv_step_tokens
     runs = replay_seeds(list(WORKLOADS), [0, 1], workers=1)
     traces = json.loads(json.dumps(summarize_replay(runs, DEFAULT_ARM)))
     assert set(traces) == set(golden["traces"])

@@ -16,6 +16,7 @@ from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.tables import (
     fidelity_markdown,
     fidelity_summary_markdown,
+    kv_step_markdown,
     seeds_markdown,
     targets_markdown,
 )
@@ -75,3 +76,16 @@ def test_the_results_tables_are_the_files() -> None:
         assert len(s["seeds"]) >= 30
         assert {"seeds", "arms", "headroom_vs_grow_only", "headroom_vs_static_full",
                 "headroom_vs_oracle"} <= set(s)
+
+
+def test_the_ladder_step_table_is_the_files() -> None:
+    """docs/results.md's step table: the default step's many-seed file beside the same seeds
+    replayed on every other step (`seeds --kv-step`), each a full 30-seed run."""
+    seeds = json.loads((RESULTS / "replay-seeds.json").read_text())
+    steps = [json.loads(p.read_text()) for p in sorted((RESULTS / "replay-kv-step").glob("*.json"))]
+    assert len(steps) >= 2
+    assert seeds["meta"]["kv_step_tokens"] not in {d["meta"]["kv_step_tokens"] for d in steps}
+    for doc in steps:
+        assert doc["meta"]["default_arm"] == seeds["meta"]["default_arm"]
+        assert all(len(t["seeds"]) >= 30 for t in doc["traces"].values())
+    assert kv_step_markdown([seeds, *steps]) in (ROOT / "docs" / "results.md").read_text()
