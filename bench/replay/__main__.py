@@ -35,6 +35,7 @@ from bench.replay.seeds import WORKLOADS, default_workers, replay_seeds, summari
 from bench.replay.tables import (
     fidelity_markdown,
     fidelity_summary_markdown,
+    gpu_markdown,
     kv_step_markdown,
     seeds_markdown,
     targets_markdown,
@@ -111,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--kv-steps", default=str(RESULTS / "replay-kv-step"), metavar="DIR",
                    help="`seeds --kv-step` documents of other steps, tabled beside --seeds "
                         "(default: %(default)s)")
+    t.add_argument("--gpu", nargs="*", default=[str(RESULTS / "replay-vs-gpu-step16k.json")],
+                   metavar="FILE", help="`compare` documents, a row a GPU run "
+                   "(default: %(default)s)")
     c = sub.add_parser("compare", help="GPU many-seed runs beside the replay of the same seed")
     c.add_argument("files", nargs="+", help="ladder-seeds.json files of GPU runs")
     c.add_argument("--calibration", default=str(DEFAULT_CALIBRATION))
@@ -184,11 +188,11 @@ def _seeds_table(traces: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tables(fidelity: str, seeds: str, kv_steps: str) -> int:
+def _tables(fidelity: str, seeds: str, kv_steps: str, gpu: Sequence[str]) -> int:
     docs = {}
     steps = sorted(Path(kv_steps).glob("*.json"))
     for name, path in (("fidelity", fidelity), ("seeds", seeds), *(
-            (f"step {p.name}", str(p)) for p in steps)):
+            (f"step {p.name}", str(p)) for p in steps), *((f"gpu {p}", p) for p in gpu)):
         try:
             docs[name] = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
@@ -197,7 +201,9 @@ def _tables(fidelity: str, seeds: str, kv_steps: str) -> int:
     tables = [fidelity_summary_markdown(docs["fidelity"]), fidelity_markdown(docs["fidelity"]),
               seeds_markdown(docs["seeds"]), targets_markdown(docs["seeds"])]
     if steps:  # the seeds file is the default step's row
-        tables.append(kv_step_markdown([d for n, d in docs.items() if n != "fidelity"]))
+        tables.append(kv_step_markdown([d for n, d in docs.items()
+                                        if n == "seeds" or n.startswith("step ")]))
+    tables += [gpu_markdown(d, DEFAULT_ARM) for n, d in docs.items() if n.startswith("gpu ")]
     print("\n\n".join(tables))
     return 0
 
@@ -237,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit":
         return fit.main(args.out)
     if args.command == "tables":
-        return _tables(args.fidelity, args.seeds, args.kv_steps)
+        return _tables(args.fidelity, args.seeds, args.kv_steps, args.gpu)
     if args.command == "compare":
         return _compare(args.files, args.calibration, args.out)
     started = time.perf_counter()

@@ -32,9 +32,11 @@ def _vs_static_full(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 def compare_run(run: Mapping[str, Any], meta: Mapping[str, Any], costs: Costs,
                 ) -> dict[str, Any]:
     """One run of today's bench (its code: `RecordSetup`'s defaults) beside its replay."""
-    predicted = replay_run(RecordSetup(file=""), meta, run, costs)["arms"]
+    setup = RecordSetup(file="")
+    predicted = replay_run(setup, meta, run, costs)["arms"]
     measured_ratio, predicted_ratio = _vs_static_full(run["arms"]), _vs_static_full(predicted)
     return {"trace": run["trace"], "seed": run["seed"], "requests": run["requests"],
+            "kv_step_tokens": meta.get("kv_step_tokens", setup.kv_step_tokens),
             "tps": record_fidelity(predicted, run["arms"]),
             "vs_static_full": {arm: {"measured": measured_ratio[arm],
                                      "predicted": predicted_ratio.get(arm),

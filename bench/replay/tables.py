@@ -14,8 +14,8 @@ from typing import Any
 
 from bench.seeds import FREETOKEN
 
-__all__ = ["fidelity_markdown", "fidelity_summary_markdown", "kv_step_markdown",
-           "seeds_markdown", "targets_markdown"]
+__all__ = ["fidelity_markdown", "fidelity_summary_markdown", "gpu_markdown",
+           "kv_step_markdown", "seeds_markdown", "targets_markdown"]
 
 
 def _pct(value: float) -> str:
@@ -131,4 +131,25 @@ def kv_step_markdown(docs: Sequence[Mapping[str, Any]]) -> str:
                 f"{stats['headroom_vs_static_full']['median']:.3f} | "
                 f"{stats['freetoken_vs_static_full']['median']:.3f} | "
                 f"{transitions(default)} | {transitions(FREETOKEN + default)} |")
+    return "\n".join(lines)
+
+
+def gpu_markdown(doc: Mapping[str, Any], default_arm: str,
+                 arms: Sequence[str] = ("static-full", "grow-only")) -> str:
+    """A `compare` document, a row a GPU run: its ladder step, the measured decode tok/s of
+    `arms` and `default_arm`, the default against grow-only measured and predicted (a ratio
+    inside one device call, so the call's own speed cancels), and the worst arm's tok/s
+    error."""
+    shown = [*arms, default_arm]
+    lines = ["| run | step | " + " | ".join(shown) + " | x grow-only, measured | predicted | "
+             "max tok/s error |", "|---|---:|" + "---:|" * (len(shown) + 3)]
+    for run in doc["runs"].values():
+        rows = run["tps"]["arms"]
+        measured = [f"{rows[a]['measured_tps']:.1f}" if a in rows else "-" for a in shown]
+        ratio = {side: rows[default_arm][f"{side}_tps"] / rows["grow-only"][f"{side}_tps"]
+                 for side in ("measured", "predicted")}
+        worst = max(abs(r["error"]) for r in rows.values() if "error" in r)
+        lines.append(f"| {run['trace']} seed {run['seed']} | {run['kv_step_tokens'] // 1024}k | "
+                     + " | ".join(measured) + f" | {ratio['measured']:.3f} | "
+                     f"{ratio['predicted']:.3f} | {worst:.1%} |".replace("%", " %"))
     return "\n".join(lines)

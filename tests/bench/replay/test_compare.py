@@ -47,4 +47,5 @@ def test_a_run_replays_on_the_ladder_step_it_ran() -> None:
         return max(b - a for a, b in itertools.pairwise(kv[:-1]))
 
     assert widest_step(doc["meta"]) == 32_768
+    assert compare_run(run, doc["meta"], costs)["kv_step_tokens"] == 32_768
     assert widest_step({**doc["meta"], "kv_step_tokens": 16_384}) == 16_384

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.policy_arms import DEFAULT_ARM
 from bench.replay.calibration import DEFAULT_CALIBRATION, load_profile
 from bench.replay.fidelity import device_repeatability, record_fidelity
 from bench.replay.fit import decode_fit
@@ -16,6 +17,7 @@ from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.tables import (
     fidelity_markdown,
     fidelity_summary_markdown,
+    gpu_markdown,
     kv_step_markdown,
     seeds_markdown,
     targets_markdown,
@@ -89,3 +91,17 @@ def test_the_ladder_step_table_is_the_files() -> None:
         assert doc["meta"]["default_arm"] == seeds["meta"]["default_arm"]
         assert all(len(t["seeds"]) >= 30 for t in doc["traces"].values())
     assert kv_step_markdown([seeds, *steps]) in (ROOT / "docs" / "results.md").read_text()
+
+
+def test_the_held_out_gpu_table_is_the_file() -> None:
+    """docs/results.md's table of the GPU runs after the calibration froze: one row a run
+    file under bench/results/h100/step16k, each on the step its meta names."""
+    doc = json.loads((RESULTS / "replay-vs-gpu-step16k.json").read_text())
+    files = sorted((RESULTS / "h100" / "step16k").glob("*/ladder-seeds.json"))
+    assert len(doc["runs"]) == len(files) >= 9
+    for key, run in doc["runs"].items():
+        meta = json.loads((ROOT / key.split(":")[0]).read_text())["meta"]
+        assert run["kv_step_tokens"] == meta["kv_step_tokens"]
+    table = gpu_markdown(doc, DEFAULT_ARM)
+    assert table.count("\n") == len(files) + 1
+    assert table in (ROOT / "docs" / "results.md").read_text()
