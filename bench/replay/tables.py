@@ -136,9 +136,9 @@ def kv_step_markdown(docs: Sequence[Mapping[str, Any]]) -> str:
 
 def gpu_markdown(doc: Mapping[str, Any], default_arm: str) -> str:
     """A `compare` document, a row a GPU run: its ladder step, the measured decode tok/s of
-    static-full, grow-only and `default_arm`, the default against grow-only measured and predicted (a ratio
-    inside one device call, so the call's own speed cancels), and the worst arm's tok/s
-    error."""
+    static-full, grow-only and `default_arm`, the default against grow-only measured and
+    predicted (a ratio inside one device call, so the call's own speed cancels), and the worst
+    arm's tok/s error."""
     shown = ["static-full", "grow-only", default_arm]
     lines = ["| run | step | " + " | ".join(shown) + " | x grow-only, measured | predicted | "
              "max tok/s error |", "|---|---:|" + "---:|" * (len(shown) + 3)]
