@@ -76,6 +76,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.round_profile import RoundProfile, allocator_counters
 from bench.seeds import FREETOKEN
 from bench.traces import TraceRequest, agentic_session, handoff, mixed, scaled, short_chat
 from engine.ftserve.budget import MemoryModel
@@ -297,6 +298,10 @@ class ArmResult:
     timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
     ladder: list[dict[str, int]] = field(default_factory=list)
     wall_s: float = 0.0
+    # Where the decode time went (bench/round_profile.py) and the CUDA allocator's counters
+    # over the trace; None where the engine does not report them (the replay's).
+    profile: dict[str, Any] | None = None
+    allocator: dict[str, int] | None = None
 
     def aggregate(self) -> dict[str, Any]:
         served = [r for r in self.rows if not r.refused]
@@ -326,6 +331,8 @@ class ArmResult:
             "engine_rebuilds": self.engine_rebuilds,
             "engine_rebuild_s": round(self.engine_rebuild_s, 3),
             "wall_s": round(self.wall_s, 2),
+            **({} if self.profile is None else {"engine_profile": self.profile}),
+            **({} if self.allocator is None else {"allocator": self.allocator}),
         }
 
 
@@ -498,9 +505,17 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                 await _stream(session, target if via_gate else url, row, prompt, row.index,
                               counters, admitted)
 
+            profile = RoundProfile()
+            engine.listeners.append(profile)
+            before = allocator_counters(engine.device)
             try:
-                return await drive_arm(arm, trace, opts, engine, ladder, start, controller,
-                                       send, stop_engine, oracle_rungs)
+                result = await drive_arm(arm, trace, opts, engine, ladder, start, controller,
+                                         send, stop_engine, oracle_rungs)
+                result.profile = profile.summary()
+                after = allocator_counters(engine.device)
+                if before is not None and after is not None:
+                    result.allocator = {k: after[k] - before[k] for k in after}
+                return result
             finally:
                 if daemon is not None and daemon_task is not None:
                     daemon.stop.set()

@@ -182,7 +182,28 @@ def render_table(run: dict[str, Any]) -> str:
         if model["no_miss_vs_grow_only"] is not None:
             lines.append(f"  no miss at all would be {model['no_miss_vs_grow_only']:.2f}x "
                          "grow-only: any ladder's ceiling, if misses are all a rung changes")
+    lines.extend(_profile_lines(run["arms"]))
     return "\n".join(lines)
+
+
+def _profile_lines(arms: dict[str, Any]) -> list[str]:
+    """Where each arm's decode time went, ms a token (bench/round_profile.py): the decode
+    itself, the event loop's other tasks between rounds, prefills and rebuild work."""
+    profiled = {arm: a for arm, a in arms.items() if a.get("engine_profile")}
+    if not profiled:
+        return []
+    lines = [f"  {'ms a token':<13} {'decode':>7} {'elsewhere':>9} {'prefill':>7} "
+             f"{'rebuild':>7} {'context':>8} {'kv_runs':>7}  allocator retries/device allocs"]
+    for arm, a in profiled.items():
+        p = a["engine_profile"]
+        alloc = a.get("allocator")
+        counters = "-" if alloc is None else (f"{alloc['num_alloc_retries']}/"
+                                              f"{alloc['num_device_alloc']}")
+        lines.append(f"  {arm:<13} {p['decode_ms_per_token']:>7.2f} "
+                     f"{p['yielded_ms_per_token']:>9.2f} {p['admit_ms_per_token']:>7.2f} "
+                     f"{p['rebuild_ms_per_token']:>7.2f} {p['context_tokens_mean']:>8,} "
+                     f"{p['kv_runs_mean']:>7.1f}  {counters}")
+    return lines
 
 
 def plot(doc: dict[str, Any], path: str) -> bool:

@@ -65,6 +65,13 @@ async def test_every_arm_on_a_tiny_trace() -> None:
         assert rates and all(0.0 <= rate <= 1.0 for rate in rates)
         window = sum(r["window_hits"] + r["window_misses"] for r in run["per_request"][arm])
         assert 0 < window <= arms[arm]["expert_hits"] + arms[arm]["expert_misses"]
+    # Every token any arm decoded was one of the engine's reported rounds (the profile of
+    # where decode time went); the CPU has no CUDA allocator counters.
+    for arm in policy_arms.ARMS:
+        profile = arms[arm]["engine_profile"]
+        assert profile["tokens"] == arms[arm]["completion_tokens"], arm
+        assert profile["decode_s"] > 0 and profile["kv_runs_mean"] >= 1
+        assert "allocator" not in arms[arm]
     # The best rung for each request has at least the slots of the top rung.
     assert arms["oracle"]["hit_rate"] >= arms["static-full"]["hit_rate"]
     assert arms["oracle"]["bench_driven"] is True
@@ -206,7 +213,12 @@ def test_report_rederives_a_written_run(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     out = tmp_path / "again.json"
     assert bench.main(["--report", str(run_json), "--out", str(out)]) == 0
-    assert "trace chat (3 requests)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "trace chat (3 requests)" in printed
+    # Where each arm's decode time went, from the engine's rounds (no allocator on the CPU).
+    decode_ms = run["arms"]["static-full"]["engine_profile"]["decode_ms_per_token"]
+    assert any(line.split()[:2] == ["static-full", f"{decode_ms:.2f}"] and line.endswith("-")
+               for line in printed.splitlines())
     again = json.loads(out.read_text())["runs"]["chat"]
     assert again["ratios"]["oracle"]["vs_static_full"] == round(
         again["arms"]["oracle"]["decode_tps"] / again["arms"]["static-full"]["decode_tps"], 3)

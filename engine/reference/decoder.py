@@ -98,6 +98,8 @@ class DecodeRequest:
     position: int = 0
     last_token: int = 0
     generated: int = 0
+    # Contiguous page runs the last step gathered its history from (one copy each).
+    kv_runs: int = 0
 
 
 class TinyMoE:
@@ -187,9 +189,11 @@ class TinyMoE:
         # One gather of the history a token, layer-major ([layer, k/v, token, dim]) so each
         # layer's keys and values are contiguous rows: a private copy, into which this
         # token's KV is put as well as into its page.
+        runs = kv.page_runs(pages[:n_pages])
+        req.kv_runs = len(runs)
         history = torch.cat([
             rows.view(torch.float32).view(-1, s.num_layers, 2, s.page_size, d)
-            .permute(1, 2, 0, 3, 4) for _, rows in kv.page_runs(pages[:n_pages])
+            .permute(1, 2, 0, 3, 4) for _, rows in runs
         ], dim=2).view(s.num_layers, 2, n_pages * s.page_size, d)
         page = self._kv_page(kv, pages[pos // s.page_size])
         offset = pos % s.page_size

@@ -57,7 +57,7 @@ from engine.reference.rebuild import (
 from engine.reference.tokenizer import Tokenizer
 
 __all__ = ["AdmissionError", "ChunkPause", "EngineConfig", "RebuildMode", "RebuildPause",
-           "ReferenceEngine"]
+           "ReferenceEngine", "SchedulerRound"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,27 @@ class EngineConfig:
             raise ValueError("rebuild_pause_budget_s must be >= 0")
         if self.boot_drift_bytes and self.num_pages is not None:
             raise ValueError("a boot drift applies only to KV sized at boot (--kv-tokens auto)")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerRound:
+    """Where one decoding round's wall time went, host-side, for a profile of decode speed.
+
+    `yielded_s` is the time since the previous round handed the event loop over (other tasks
+    ran: HTTP handlers, and whatever shares the loop: an in-process daemon or load generator),
+    0 after idle; then admission (prefill) and rebuild work, then `decode_s` for `tokens`
+    tokens at `context_tokens` positions in all, read from `kv_runs` page runs (contiguous
+    slices: a fragmented page table costs a copy a run). GPU work that admission or a rebuild queued
+    without waiting for it ends inside the round's decode, which waits for its last token.
+    """
+
+    yielded_s: float
+    admit_s: float
+    rebuild_s: float
+    decode_s: float
+    tokens: int
+    context_tokens: int
+    kv_runs: int
 
 
 @dataclass(slots=True)
@@ -364,15 +385,31 @@ class ReferenceEngine:
                 self.states.release(rid)
 
     async def _scheduler(self) -> None:
+        handed_over: float | None = None  # when the last decoding round yielded the loop
         while True:
+            began = time.perf_counter()
             self._admit()
+            admitted = time.perf_counter()
             if self.rebuilds.job is not None:
                 self.rebuilds.advance(running=bool(self.running), waiting=bool(self.waiting))
+            advanced = time.perf_counter()
             if not self.running and self.rebuilds.job is None:
+                handed_over = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            decoding = [run.decode for run in self.running.values()]
+            context = sum(d.position for d in decoding)
             self._decode_round()
+            ended = time.perf_counter()
+            tokens, runs = len(decoding), sum(d.kv_runs for d in decoding)
+            if self.listeners and tokens:
+                self._emit("scheduler_round", SchedulerRound(
+                    yielded_s=0.0 if handed_over is None else began - handed_over,
+                    admit_s=admitted - began, rebuild_s=advanced - admitted,
+                    decode_s=ended - advanced, tokens=tokens, context_tokens=context,
+                    kv_runs=runs))
+            handed_over = time.perf_counter() if self.running else None
             await asyncio.sleep(0)
 
     # ---- rebuilds ----------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""Where an arm's decode time went: the reference engine's scheduler rounds, summed up.
+
+Why: two arms at the same expert hit rate and the same contexts decoded 11-14 % apart on the
+GPU (agentic seeds 5-6, docs/results.md), and the request-level figures cannot say whether the
+time went into the decode itself (the engine's pools after many transitions) or elsewhere on
+the event loop (the daemon, HTTP handlers, the load generator, which the bench runs in one
+process). The engine reports each decoding round (`engine.reference.runtime.SchedulerRound`);
+`RoundProfile` listens and sums them up per arm, overall and by context, so arms compare at
+equal context.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+__all__ = ["CONTEXT_BUCKET_TOKENS", "RoundProfile", "allocator_counters"]
+
+# Buckets of the decoding requests' mean context, for comparing arms at equal context.
+CONTEXT_BUCKET_TOKENS = 16_384
+# torch's CUDA caching-allocator counters that cost a decode step when they move: a retry
+# frees the cache and synchronises; a device alloc or free is a driver call.
+_ALLOCATOR_KEYS = ("num_alloc_retries", "num_device_alloc", "num_device_free",
+                   "num_sync_all_streams")
+
+
+class RoundProfile:
+    """A listener for the engine's `scheduler_round` events (`engine.listeners`)."""
+
+    def __init__(self) -> None:
+        self.rounds: list[Any] = []
+
+    def __call__(self, event: str, payload: Any) -> None:
+        if event == "scheduler_round":
+            self.rounds.append(payload)
+
+    def summary(self) -> dict[str, Any] | None:
+        """Totals (seconds), per-token means (ms) and by-context medians; None without rounds
+        (an engine that does not report them, as the replay's simulated one)."""
+        rounds = self.rounds
+        if not rounds:
+            return None
+        tokens = sum(r.tokens for r in rounds)
+        totals = {key: sum(getattr(r, key) for r in rounds)
+                  for key in ("decode_s", "yielded_s", "admit_s", "rebuild_s")}
+        buckets: dict[int, list[Any]] = defaultdict(list)
+        for r in rounds:
+            buckets[r.context_tokens // r.tokens // CONTEXT_BUCKET_TOKENS].append(r)
+        return {
+            "rounds": len(rounds), "tokens": tokens,
+            **{key: round(value, 4) for key, value in totals.items()},
+            **{f"{key[:-2]}_ms_per_token": round(1e3 * value / tokens, 4)
+               for key, value in totals.items()},
+            "yielded_ms_p50": round(1e3 * statistics.median(r.yielded_s for r in rounds), 4),
+            "yielded_ms_max": round(1e3 * max(r.yielded_s for r in rounds), 3),
+            "context_tokens_mean": round(sum(r.context_tokens for r in rounds) / tokens),
+            "kv_runs_mean": round(sum(r.kv_runs for r in rounds) / tokens, 2),
+            "by_context": [_bucket(index, group) for index, group in sorted(buckets.items())],
+        }
+
+
+def _bucket(index: int, rounds: list[Any]) -> dict[str, Any]:
+    return {
+        "context_from_tokens": index * CONTEXT_BUCKET_TOKENS, "rounds": len(rounds),
+        "decode_ms_per_token_p50": round(
+            1e3 * statistics.median(r.decode_s / r.tokens for r in rounds), 4),
+        "yielded_ms_p50": round(1e3 * statistics.median(r.yielded_s for r in rounds), 4),
+        "kv_runs_p50": statistics.median(r.kv_runs / r.tokens for r in rounds),
+    }
+
+
+def allocator_counters(device: Any) -> dict[str, int] | None:
+    """torch's CUDA allocator counters now (None off CUDA); subtract two for an arm's."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(device)
+    return {key: int(stats.get(key, 0)) for key in _ALLOCATOR_KEYS}

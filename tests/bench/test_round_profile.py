@@ -1,0 +1,51 @@
+"""bench/round_profile.py: an arm's scheduler rounds summed up, overall and by context."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.round_profile import CONTEXT_BUCKET_TOKENS, RoundProfile, allocator_counters
+from engine.reference.runtime import SchedulerRound
+
+
+def one(yielded_s: float, decode_s: float, tokens: int, context: int, runs: int,
+        admit_s: float = 0.0, rebuild_s: float = 0.0) -> SchedulerRound:
+    return SchedulerRound(yielded_s=yielded_s, admit_s=admit_s, rebuild_s=rebuild_s,
+                          decode_s=decode_s, tokens=tokens, context_tokens=context,
+                          kv_runs=runs)
+
+
+def test_no_rounds_is_no_profile() -> None:
+    profile = RoundProfile()
+    profile("rebuild_pause", object())  # other events are not rounds
+    assert profile.summary() is None
+
+
+def test_totals_per_token_means_and_context_buckets() -> None:
+    profile = RoundProfile()
+    near, far = 1_000, CONTEXT_BUCKET_TOKENS * 3 + 5
+    profile("scheduler_round", one(0.0, 0.010, 1, near, 1, admit_s=0.2))
+    profile("scheduler_round", one(0.001, 0.012, 1, near + 1, 1))
+    # Two requests at `far` each: their mean context puts the round in bucket 3.
+    profile("scheduler_round", one(0.003, 0.040, 2, 2 * far, 80, rebuild_s=0.005))
+    s = profile.summary()
+    assert s is not None
+    assert (s["rounds"], s["tokens"]) == (3, 4)
+    assert s["decode_s"] == pytest.approx(0.062)
+    assert s["yielded_s"] == pytest.approx(0.004)
+    assert s["admit_s"] == pytest.approx(0.2) and s["rebuild_s"] == pytest.approx(0.005)
+    assert s["decode_ms_per_token"] == pytest.approx(15.5)
+    assert s["yielded_ms_per_token"] == pytest.approx(1.0)
+    assert s["yielded_ms_p50"] == pytest.approx(1.0) and s["yielded_ms_max"] == 3.0
+    assert s["kv_runs_mean"] == pytest.approx(82 / 4, abs=0.01)
+    assert s["context_tokens_mean"] == round((2 * near + 1 + 2 * far) / 4)
+    near_bucket, far_bucket = s["by_context"]
+    assert (near_bucket["context_from_tokens"], near_bucket["rounds"]) == (0, 2)
+    assert near_bucket["decode_ms_per_token_p50"] == pytest.approx(11.0)
+    assert far_bucket["context_from_tokens"] == 3 * CONTEXT_BUCKET_TOKENS
+    assert far_bucket["decode_ms_per_token_p50"] == pytest.approx(20.0)
+    assert far_bucket["kv_runs_p50"] == 40
+
+
+def test_no_allocator_counters_off_cuda() -> None:
+    assert allocator_counters("cpu") is None
