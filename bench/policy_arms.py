@@ -505,13 +505,10 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                 await _stream(session, target if via_gate else url, row, prompt, row.index,
                               counters, admitted)
 
-            profile = RoundProfile()
-            engine.listeners.append(profile)
             before = allocator_counters(engine.device)
             try:
                 result = await drive_arm(arm, trace, opts, engine, ladder, start, controller,
                                          send, stop_engine, oracle_rungs)
-                result.profile = profile.summary()
                 after = allocator_counters(engine.device)
                 if before is not None and after is not None:
                     result.allocator = {k: after[k] - before[k] for k in after}
@@ -571,10 +568,12 @@ async def drive_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions,
             rebuilds.append(float(payload[2]))
 
     engine.listeners.append(on_event)
+    t0 = loop.time()
+    profile = RoundProfile(t0)  # the engines' clocks are the loop's (monotonic)
+    engine.listeners.append(profile)
     hits0, misses0 = engine.experts.hits, engine.experts.misses
     seen: set[tuple[float, int]] = {(r.started_s, r.to_rung)
                                     for r in (controller.transitions if controller else ())}
-    t0 = loop.time()
     t0_mono = controller.clock.monotonic() if controller is not None else 0.0
 
     def note_transitions() -> None:
@@ -676,6 +675,7 @@ async def drive_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions,
         result.misses = engine.experts.misses - misses0
         result.engine_rebuilds = len(rebuilds)
         result.engine_rebuild_s = sum(rebuilds)
+        result.profile = profile.summary()
         note_transitions()
     finally:
         sampler.cancel()

@@ -6,7 +6,8 @@ time went into the decode itself (the engine's pools after many transitions) or 
 the event loop (the daemon, HTTP handlers, the load generator, which the bench runs in one
 process). The engine reports each decoding round (`engine.reference.runtime.SchedulerRound`);
 `RoundProfile` listens and sums them up per arm, overall and by context, so arms compare at
-equal context.
+equal context, and keeps one row a round, so a slow stretch can be read against the arm's
+transitions.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["CONTEXT_BUCKET_TOKENS", "RoundProfile", "allocator_counters"]
+__all__ = ["CONTEXT_BUCKET_TOKENS", "SERIES_COLUMNS", "RoundProfile", "allocator_counters"]
 
 # Buckets of the decoding requests' mean context, for comparing arms at equal context.
 CONTEXT_BUCKET_TOKENS = 16_384
@@ -25,10 +26,17 @@ _ALLOCATOR_KEYS = ("num_alloc_retries", "num_device_alloc", "num_device_free",
                    "num_sync_all_streams")
 
 
-class RoundProfile:
-    """A listener for the engine's `scheduler_round` events (`engine.listeners`)."""
+# One row of `series` a round, so a run can be read against its transitions' times.
+SERIES_COLUMNS = ("t_s", "decode_ms", "tokens", "context_tokens", "misses", "miss_layers",
+                  "yielded_ms")
 
-    def __init__(self) -> None:
+
+class RoundProfile:
+    """A listener for the engine's `scheduler_round` events (`engine.listeners`); `origin_s`
+    (the engine's clock) is time 0 of the series."""
+
+    def __init__(self, origin_s: float) -> None:
+        self.origin_s = origin_s
         self.rounds: list[Any] = []
 
     def __call__(self, event: str, payload: Any) -> None:
@@ -56,7 +64,13 @@ class RoundProfile:
             "yielded_ms_max": round(1e3 * max(r.yielded_s for r in rounds), 3),
             "context_tokens_mean": round(sum(r.context_tokens for r in rounds) / tokens),
             "kv_runs_mean": round(sum(r.kv_runs for r in rounds) / tokens, 2),
+            "misses": sum(r.misses for r in rounds),
+            "miss_layers": sum(r.miss_layers for r in rounds),
             "by_context": [_bucket(index, group) for index, group in sorted(buckets.items())],
+            "series_columns": list(SERIES_COLUMNS),
+            "series": [[round(r.started_s - self.origin_s, 3), round(1e3 * r.decode_s, 3),
+                        r.tokens, r.context_tokens, r.misses, r.miss_layers,
+                        round(1e3 * r.yielded_s, 3)] for r in rounds],
         }
 
 

@@ -98,8 +98,10 @@ class DecodeRequest:
     position: int = 0
     last_token: int = 0
     generated: int = 0
-    # Contiguous page runs the last step gathered its history from (one copy each).
+    # The last step's contiguous page runs its history came from (one copy each), and its
+    # layers that waited for an expert copy (one device synchronisation each).
     kv_runs: int = 0
+    miss_layers: int = 0
 
 
 class TinyMoE:
@@ -207,6 +209,7 @@ class TinyMoE:
         gate_weights = torch.gather(
             self.wgate, 2, choices.unsqueeze(1).expand(-1, s.hidden, -1))
         x = self.embed[req.last_token]
+        req.miss_layers = 0
         for layer in range(s.num_layers):
             qkv = x @ self.wqkv[layer]
             new_kv = qkv[d:].view(2, d)
@@ -232,6 +235,7 @@ class TinyMoE:
                     slot = experts.admit(layer, expert, self.host_bank[layer, expert])
                     missed = True
                 slots.append(experts.slot_view(slot))
+            req.miss_layers += missed
             if missed and self.device.type == "cuda":
                 # A miss is on a real engine's critical path: its graph-captured step is
                 # GPU-bound, so the copy adds its PCIe time. This step is bound by Python's

@@ -103,14 +103,17 @@ class EngineConfig:
 class SchedulerRound:
     """Where one decoding round's wall time went, host-side, for a profile of decode speed.
 
-    `yielded_s` is the time since the previous round handed the event loop over (other tasks
-    ran: HTTP handlers, and whatever shares the loop: an in-process daemon or load generator),
-    0 after idle; then admission (prefill) and rebuild work, then `decode_s` for `tokens`
-    tokens at `context_tokens` positions in all, read from `kv_runs` page runs (contiguous
-    slices: a fragmented page table costs a copy a run). GPU work that admission or a rebuild queued
+    The round began at `started_s` on the engine's clock. `yielded_s` is the time since the
+    previous round handed the event loop over (other tasks ran: HTTP handlers, and whatever
+    shares the loop: an in-process daemon or load generator), 0 after idle; then admission
+    (prefill) and rebuild work, then `decode_s` for `tokens` tokens at `context_tokens`
+    positions in all, read from `kv_runs` page runs (contiguous slices: a fragmented page
+    table costs a copy a run), with `misses` expert misses, which made `miss_layers` layers
+    wait for their copies. GPU work that admission or a rebuild queued
     without waiting for it ends inside the round's decode, which waits for its last token.
     """
 
+    started_s: float
     yielded_s: float
     admit_s: float
     rebuild_s: float
@@ -118,6 +121,8 @@ class SchedulerRound:
     tokens: int
     context_tokens: int
     kv_runs: int
+    misses: int
+    miss_layers: int
 
 
 @dataclass(slots=True)
@@ -387,7 +392,7 @@ class ReferenceEngine:
     async def _scheduler(self) -> None:
         handed_over: float | None = None  # when the last decoding round yielded the loop
         while True:
-            began = time.perf_counter()
+            began, started_s = time.perf_counter(), self.clock()
             self._admit()
             admitted = time.perf_counter()
             if self.rebuilds.job is not None:
@@ -399,16 +404,18 @@ class ReferenceEngine:
                 await self._wake.wait()
                 continue
             decoding = [run.decode for run in self.running.values()]
-            context = sum(d.position for d in decoding)
+            context, misses = sum(d.position for d in decoding), self.experts.misses
             self._decode_round()
             ended = time.perf_counter()
-            tokens, runs = len(decoding), sum(d.kv_runs for d in decoding)
-            if self.listeners and tokens:
+            if self.listeners and decoding:
                 self._emit("scheduler_round", SchedulerRound(
+                    started_s=started_s,
                     yielded_s=0.0 if handed_over is None else began - handed_over,
                     admit_s=admitted - began, rebuild_s=advanced - admitted,
-                    decode_s=ended - advanced, tokens=tokens, context_tokens=context,
-                    kv_runs=runs))
+                    decode_s=ended - advanced, tokens=len(decoding), context_tokens=context,
+                    kv_runs=sum(d.kv_runs for d in decoding),
+                    misses=self.experts.misses - misses,
+                    miss_layers=sum(d.miss_layers for d in decoding)))
             handed_over = time.perf_counter() if self.running else None
             await asyncio.sleep(0)
 

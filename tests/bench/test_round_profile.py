@@ -4,30 +4,39 @@ from __future__ import annotations
 
 import pytest
 
-from bench.round_profile import CONTEXT_BUCKET_TOKENS, RoundProfile, allocator_counters
+from bench.round_profile import (
+    CONTEXT_BUCKET_TOKENS,
+    SERIES_COLUMNS,
+    RoundProfile,
+    allocator_counters,
+)
 from engine.reference.runtime import SchedulerRound
 
 
-def one(yielded_s: float, decode_s: float, tokens: int, context: int, runs: int,
-        admit_s: float = 0.0, rebuild_s: float = 0.0) -> SchedulerRound:
-    return SchedulerRound(yielded_s=yielded_s, admit_s=admit_s, rebuild_s=rebuild_s,
-                          decode_s=decode_s, tokens=tokens, context_tokens=context,
-                          kv_runs=runs)
+def one(started_s: float, yielded_s: float, decode_s: float, tokens: int, context: int,
+        runs: int, admit_s: float = 0.0, rebuild_s: float = 0.0, misses: int = 0,
+        miss_layers: int = 0) -> SchedulerRound:
+    return SchedulerRound(started_s=started_s, yielded_s=yielded_s, admit_s=admit_s,
+                          rebuild_s=rebuild_s, decode_s=decode_s, tokens=tokens,
+                          context_tokens=context, kv_runs=runs, misses=misses,
+                          miss_layers=miss_layers)
 
 
 def test_no_rounds_is_no_profile() -> None:
-    profile = RoundProfile()
+    profile = RoundProfile(0.0)
     profile("rebuild_pause", object())  # other events are not rounds
     assert profile.summary() is None
 
 
 def test_totals_per_token_means_and_context_buckets() -> None:
-    profile = RoundProfile()
+    profile = RoundProfile(100.0)
     near, far = 1_000, CONTEXT_BUCKET_TOKENS * 3 + 5
-    profile("scheduler_round", one(0.0, 0.010, 1, near, 1, admit_s=0.2))
-    profile("scheduler_round", one(0.001, 0.012, 1, near + 1, 1))
+    profile("scheduler_round", one(100.5, 0.0, 0.010, 1, near, 1, admit_s=0.2, misses=3,
+                                   miss_layers=2))
+    profile("scheduler_round", one(100.52, 0.001, 0.012, 1, near + 1, 1))
     # Two requests at `far` each: their mean context puts the round in bucket 3.
-    profile("scheduler_round", one(0.003, 0.040, 2, 2 * far, 80, rebuild_s=0.005))
+    profile("scheduler_round", one(101.0, 0.003, 0.040, 2, 2 * far, 80, rebuild_s=0.005,
+                                   misses=5, miss_layers=4))
     s = profile.summary()
     assert s is not None
     assert (s["rounds"], s["tokens"]) == (3, 4)
@@ -45,6 +54,11 @@ def test_totals_per_token_means_and_context_buckets() -> None:
     assert far_bucket["context_from_tokens"] == 3 * CONTEXT_BUCKET_TOKENS
     assert far_bucket["decode_ms_per_token_p50"] == pytest.approx(20.0)
     assert far_bucket["kv_runs_p50"] == 40
+    assert (s["misses"], s["miss_layers"]) == (8, 6)
+    # One row a round, on the origin's clock.
+    assert s["series_columns"] == list(SERIES_COLUMNS)
+    assert s["series"] == [[0.5, 10.0, 1, near, 3, 2, 0.0], [0.52, 12.0, 1, near + 1, 0, 0, 1.0],
+                           [1.0, 40.0, 2, 2 * far, 5, 4, 3.0]]
 
 
 def test_no_allocator_counters_off_cuda() -> None:

@@ -34,13 +34,20 @@ async def rounds_of(engine: ReferenceEngine, *requests: tuple[list[int], int]) -
 
 
 async def test_one_request_is_reported_token_by_token_at_its_positions() -> None:
-    rounds = await rounds_of(ReferenceEngine(small_config()), (PROMPT, 20))
+    engine = ReferenceEngine(small_config())
+    rounds = await rounds_of(engine, (PROMPT, 20))
     assert [r.tokens for r in rounds] == [1] * 20
     assert [r.context_tokens for r in rounds] == list(range(54, 74))
     # The first round admitted (prefilled) the request after idle: nothing ran before it.
     assert rounds[0].yielded_s == 0.0 and rounds[0].admit_s > 0
     assert all(r.admit_s < rounds[0].admit_s for r in rounds[1:])
     assert all(r.decode_s > 0 and r.yielded_s >= 0 and r.rebuild_s >= 0 for r in rounds)
+    starts = [r.started_s for r in rounds]
+    assert starts == sorted(starts)
+    # Misses are the expert pool's, and each layer with one counts once.
+    assert sum(r.misses for r in rounds) == engine.experts.misses > 0
+    assert all(0 < r.miss_layers <= min(r.misses, 4) for r in rounds if r.misses)
+    assert all(r.miss_layers == 0 for r in rounds if not r.misses)
 
 
 async def test_the_runs_count_the_chunks_a_history_spans() -> None:
