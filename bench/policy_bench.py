@@ -185,7 +185,8 @@ def run_doc(trace_kind: str, seed: int, trace: Sequence[TraceRequest],
         "requests": len(trace),
         "largest_request_tokens": largest,
         "arms": merged["arms"],
-        **derived(trace_kind, merged["arms"], merged["per_request"], expert_copy_us),
+        **derived(trace_kind, merged["arms"], merged["per_request"], expert_copy_us,
+                  merged["transitions"]),
         "expert_copy_us": expert_copy_us,
         "oracle_plan": oracle_block,
         **{k: merged[k] for k in _PER_ARM if k != "arms"},
@@ -241,7 +242,7 @@ def _report(path: str, out: str | None, plot_path: str | None) -> int:
         for run in doc["runs"].values():
             rerate_requests(run)
             run.update(derived(run["trace"], run["arms"], run["per_request"],
-                               run.get("expert_copy_us")))
+                               run.get("expert_copy_us"), run.get("transitions", {})))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"bench/policy_bench: cannot report {path}: {exc}", file=sys.stderr)
         return 2

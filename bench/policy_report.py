@@ -20,6 +20,7 @@ import statistics
 from typing import Any
 
 from bench.policy_arms import MEASURED_WINDOW_S, MOE_LADDER_ARMS, per_request_tps
+from bench.round_profile import shared_fit
 from bench.seeds import FREETOKEN, target_bounds
 
 __all__ = ["common_requests", "derived", "miss_cost", "miss_model", "plot", "ratios",
@@ -105,14 +106,16 @@ def miss_model(arms: dict[str, dict[str, Any]],
 
 def derived(trace_kind: str, arms: dict[str, dict[str, Any]],
             per_request: dict[str, list[dict[str, Any]]],
-            expert_copy_us: float | None) -> dict[str, Any]:
+            expert_copy_us: float | None,
+            transitions: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """What a run's figures follow from its per-arm measurements (written, and re-derived by
     `--report`)."""
     arm_ratios = ratios(arms)
     return {"ratios": arm_ratios, "targets": _targets(trace_kind, arms, arm_ratios),
             "miss_cost": miss_cost(arms),
             "miss_model": miss_model(arms, expert_copy_us),
-            "common": common_requests(per_request)}
+            "common": common_requests(per_request),
+            "round_fit": shared_fit(arms, transitions)}
 
 
 def common_requests(per_request: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
@@ -183,6 +186,20 @@ def render_table(run: dict[str, Any]) -> str:
             lines.append(f"  no miss at all would be {model['no_miss_vs_grow_only']:.2f}x "
                          "grow-only: any ladder's ceiling, if misses are all a rung changes")
     lines.extend(_profile_lines(run["arms"]))
+    if (fit := run.get("round_fit")) is not None:
+        c = fit["coefficients"]
+        lines.append(f"  one model of every arm's rounds: {c['ms_per_token']:.2f} ms a token, "
+                     f"{c['us_per_1k_context_tokens']:.1f} us per 1k context, "
+                     f"{c['us_per_miss']:.1f} us a miss, {c['us_per_miss_layer']:.1f} us a "
+                     "layer that waited")
+        lines.append(f"  {'residual ms':<13} {'overall':>8} {'near':>8} {'elsewhere':>9}  "
+                     f"(near: within {fit['after_s']:g} s after a transition began)")
+        for arm, r in fit["arms"].items():
+            cells = [r["residual_ms_per_token"], r["residual_ms_per_token_after_transitions"],
+                     r["residual_ms_per_token_elsewhere"]]
+            lines.append(f"  {arm:<13} " + " ".join(
+                f"{'-' if v is None else f'{v:+.2f}':>8}" for v in cells)
+                + f"  ({r['rounds_after_transitions']} of {r['rounds']} rounds near one)")
     return "\n".join(lines)
 
 

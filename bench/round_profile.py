@@ -92,3 +92,53 @@ def allocator_counters(device: Any) -> dict[str, int] | None:
         return None
     stats = torch.cuda.memory_stats(device)
     return {key: int(stats.get(key, 0)) for key in _ALLOCATOR_KEYS}
+
+
+def shared_fit(arms: dict[str, dict[str, Any]], transitions: dict[str, list[dict[str, Any]]],
+               *, after_s: float = 1.0) -> dict[str, Any] | None:
+    """One least-squares model of a round's decode time over every profiled arm of a run,
+    `decode_ms = tokens*a + context_tokens*b + misses*c + miss_layers*d`, and each arm's mean
+    residual, ms a token: overall, in the `after_s` seconds after each of its transitions
+    began, and elsewhere. Arms at equal work then differ only by their residuals: what the
+    model's four costs do not explain. None with fewer than two profiled arms."""
+    import numpy as np
+
+    series = {arm: np.asarray(a["engine_profile"]["series"], dtype=float)
+              for arm, a in arms.items() if a.get("engine_profile", {}).get("series")}
+    if len(series) < 2:
+        return None
+    columns = {name: i for i, name in enumerate(SERIES_COLUMNS)}
+    features = [columns[c] for c in ("tokens", "context_tokens", "misses", "miss_layers")]
+    stacked = np.concatenate(list(series.values()))
+    coef, *_ = np.linalg.lstsq(stacked[:, features], stacked[:, columns["decode_ms"]],
+                               rcond=None)
+    out: dict[str, Any] = {"coefficients": {
+        "ms_per_token": round(float(coef[0]), 4),
+        "us_per_1k_context_tokens": round(float(coef[1]) * 1e6, 3),
+        "us_per_miss": round(float(coef[2]) * 1e3, 2),
+        "us_per_miss_layer": round(float(coef[3]) * 1e3, 2)}, "after_s": after_s, "arms": {}}
+    for arm, rows in series.items():
+        residual = rows[:, columns["decode_ms"]] - rows[:, features] @ coef
+        tokens = rows[:, columns["tokens"]]
+        starts = [t["t_s"] for t in transitions.get(arm, ())]
+        t = rows[:, columns["t_s"]]
+        after = np.zeros(len(rows), dtype=bool)
+        for start in starts:
+            after |= (t >= start) & (t < start + after_s)
+
+        predicted = float((rows[:, features] @ coef).sum())
+        out["arms"][arm] = {
+            "rounds": len(rows),
+            "residual_ms_per_token": _per_token(residual, tokens, np.ones_like(after)),
+            "residual_share": round(float(residual.sum()) / predicted, 4),
+            "rounds_after_transitions": int(after.sum()),
+            "residual_ms_per_token_after_transitions": _per_token(residual, tokens, after),
+            "residual_ms_per_token_elsewhere": _per_token(residual, tokens, ~after)}
+    return out
+
+
+def _per_token(residual: Any, tokens: Any, mask: Any) -> float | None:
+    """The rounds' residual ms over their tokens, where `mask` holds; None where it never does."""
+    if not mask.any():
+        return None
+    return round(float(residual[mask].sum() / tokens[mask].sum()), 4)

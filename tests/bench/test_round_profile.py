@@ -9,6 +9,7 @@ from bench.round_profile import (
     SERIES_COLUMNS,
     RoundProfile,
     allocator_counters,
+    shared_fit,
 )
 from engine.reference.runtime import SchedulerRound
 
@@ -63,3 +64,42 @@ def test_totals_per_token_means_and_context_buckets() -> None:
 
 def test_no_allocator_counters_off_cuda() -> None:
     assert allocator_counters("cpu") is None
+
+
+def _arm(rows: list[list[float]]) -> dict:
+    return {"engine_profile": {"series": rows}}
+
+
+def test_the_shared_fit_finds_the_costs_and_where_an_arm_is_slower() -> None:
+    import random
+
+    rng = random.Random(3)
+
+    def rows(extra_ms_near: float, transitions: list[float]) -> list[list[float]]:
+        out = []
+        for i in range(400):
+            t = i * 0.05
+            context, misses = rng.randrange(1_000, 100_000), rng.randrange(0, 20)
+            layers = min(misses, rng.randrange(0, 8))
+            ms = 9.0 + 30e-6 * context + 0.05 * misses + 0.02 * layers
+            if any(start <= t < start + 1.0 for start in transitions):
+                ms += extra_ms_near
+            out.append([t, ms, 1, context, misses, layers, 0.3])
+        return out
+
+    arms = {"a": _arm(rows(0.0, [5.0])), "b": _arm(rows(2.0, [2.0, 12.0]))}
+    fit = shared_fit(arms, {"a": [{"t_s": 5.0}], "b": [{"t_s": 2.0}, {"t_s": 12.0}]})
+    assert fit is not None
+    c = fit["coefficients"]
+    assert c["us_per_1k_context_tokens"] == pytest.approx(30.0, rel=0.05)
+    assert c["us_per_miss"] == pytest.approx(50.0, rel=0.2)
+    a, b = fit["arms"]["a"], fit["arms"]["b"]
+    assert (a["rounds_after_transitions"], b["rounds_after_transitions"]) == (20, 40)
+    # b's extra time sits within a second of its transitions, where its residual is ~2 ms
+    # above its own elsewhere and above a's.
+    near, elsewhere = (b["residual_ms_per_token_after_transitions"],
+                       b["residual_ms_per_token_elsewhere"])
+    assert near - elsewhere == pytest.approx(2.0, abs=0.1)
+    assert near > a["residual_ms_per_token_after_transitions"] + 1.5
+    assert b["residual_ms_per_token"] > a["residual_ms_per_token"]
+    assert shared_fit({"a": arms["a"]}, {}) is None
