@@ -18,7 +18,8 @@ runs nothing:
         --resume bench/results/ladder-h200-agentic.json
     python bench/policy_bench.py --report bench/results/h200/ladder-agentic.json
 
-Prints a table, writes one JSON object with `--out FILE`, and with `--plot FILE.png` (needs
+Prints a table (with, on the reference engine, where each arm's decode time went:
+bench/round_profile.py), writes one JSON object with `--out FILE`, and with `--plot FILE.png` (needs
 matplotlib; optional) draws rung and live context over time for each arm and tokens/s per arm.
 The figures of the recorded runs are in README.md ("Results": ladder against static
 geometries) and bench/results/.

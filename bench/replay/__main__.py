@@ -228,12 +228,15 @@ def _compare(files: Sequence[str], calibration: str, out: str) -> int:
     for key, r in doc["runs"].items():
         print(key)
         for arm, row in r["tps"]["arms"].items():
-            ratio = r["vs_static_full"].get(arm, {})
+            ratio = r["vs_static_full"].get(arm)
             if "error" in row:
+                # A run without static-full has no ratio to it: say so, not 0.
+                vs_full = "no static-full arm" if ratio is None else (
+                    f"x static-full {ratio['measured']:.3f} measured "
+                    f"{ratio['predicted'] or 0:.3f} predicted")
                 print(f"  {arm:<22} tok/s {row['measured_tps']:>7.2f} measured "
-                      f"{row['predicted_tps']:>7.2f} predicted ({row['error']:+.1%});  x "
-                      f"static-full {ratio.get('measured', 0):.3f} measured "
-                      f"{ratio.get('predicted') or 0:.3f} predicted")
+                      f"{row['predicted_tps']:>7.2f} predicted ({row['error']:+.1%});  "
+                      + vs_full)
     print(f"wrote {out}")
     return 0
 

@@ -49,3 +49,17 @@ def test_a_run_replays_on_the_ladder_step_it_ran() -> None:
     assert widest_step(doc["meta"]) == 32_768
     assert compare_run(run, doc["meta"], costs)["kv_step_tokens"] == 32_768
     assert widest_step({**doc["meta"], "kv_step_tokens": 16_384}) == 16_384
+
+
+def test_the_cli_says_when_a_run_has_no_static_full_arm(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from bench.replay.__main__ import main
+
+    doc = json.loads(RUN.read_text())
+    run = doc["runs"]["agentic/seed1"]
+    doc["runs"] = {"agentic/seed1": {**run, "arms": {"pinned-0": run["arms"]["pinned-0"]}}}
+    path = tmp_path / "ladder-seeds.json"
+    path.write_text(json.dumps(doc))
+    assert main(["compare", str(path), "--out", str(tmp_path / "out.json")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "pinned-0" in x)
+    assert line.endswith("no static-full arm") and "0.000" not in line
