@@ -19,7 +19,8 @@
 #                   agentic, mixed, handoff) with "$SEED_ARMS" and "$REQUESTS" requests a trace,
 #                   into ladder-seeds.json; RESUME=DIR goes on from DIR/ladder-seeds.json, so one
 #                   call per (trace, seed) builds the many-seed file; KV_STEP=32k sets the
-#                   moe-ladder arms' ladder step (default the daemon's)
+#                   moe-ladder arms' ladder step (default the daemon's); PASSES=2 runs the
+#                   arms twice in a row (A B A B), so a ratio's spread within the call shows
 # Each step is bounded by its SECONDS (defaults below) and a failing step does not stop the
 # next; its exit status and duration land in $OUT/env.txt. At most 8 files come back from a
 # device call: each step writes one JSON and one log (policy steps a PNG too). The files keep
@@ -92,7 +93,8 @@ step() {  # step NAME SECONDS: run one named step, bounded
         resume=(--resume "$RESUME/ladder-seeds.json")
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \
         --device cuda --trace "$TRACES" --seeds "$SEEDS" --requests "$REQUESTS" \
-        --output-scale 8 --arms "$SEED_ARMS" ${KV_STEP:+--kv-step "$KV_STEP"} "${resume[@]}" \
+        --output-scale 8 --arms "$SEED_ARMS" ${KV_STEP:+--kv-step "$KV_STEP"} \
+        --passes "${PASSES:-1}" "${resume[@]}" \
         --out "$OUT/ladder-seeds.json" > "$OUT/ladder-seeds.log" 2>&1 ;;
     policy_smoke)
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import platform
 import statistics
@@ -285,6 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "runs['TRACE/seedN'], and a `traces` block with each arm's "
                              "tokens/s per seed, median and spread (instead of --seed)")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma list of arms")
+    parser.add_argument("--passes", type=int, default=1, metavar="N",
+                        help="run the arms of each trace N times in a row (A B A B ...), each "
+                             "pass its own run (`KEY/passP` from the second): how far one "
+                             "ratio moves within a device call, beside how far it moves "
+                             "between calls (default 1)")
     parser.add_argument("--out", default=None,
                         help="write the JSON here (default with --resume: that file)")
     parser.add_argument("--resume", default=None, metavar="JSON",
@@ -319,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if seeds is not None and not seeds:
         print("bench/policy_bench: --seeds names no seed", file=sys.stderr)
         return 2
+    if args.passes < 1:
+        print(f"bench/policy_bench: --passes must be >= 1, got {args.passes}", file=sys.stderr)
+        return 2
     cuda = args.device.startswith("cuda")
     scale = args.scale if args.scale is not None else (1.0 if cuda else 36.0)
     try:
@@ -333,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         seed=args.seed, arms=arms, quiet=args.quiet, kv_step_tokens=kv_step,
                         threads=args.threads if args.threads is not None else (
                             None if cuda else 1))
-    meta = {**_meta(opts), "output_scale": args.output_scale}
+    meta = {**_meta(opts), "output_scale": args.output_scale, "passes": args.passes}
     if seeds is not None:
         meta.update(seed=None, seeds=seeds, default_arm=DEFAULT_ARM)
     doc: dict[str, Any] = {"meta": meta, "runs": {}}
@@ -358,18 +367,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             report_json(doc, args.out, indent=1, emit=None)
 
     try:
-        for seed in seeds or [args.seed]:
-            for kind in kinds:
-                key = kind if seeds is None else run_key(kind, seed)
-                n = args.requests or (SMOKE_REQUESTS if args.smoke else FULL_REQUESTS)[kind]
-                trace = build_trace(kind, n, seed=seed, scale=scale,
-                                    output_scale=args.output_scale)
-                run = asyncio.run(run_bench(
-                    kind, trace, replace(opts, seed=seed),
-                    on_arm=lambda partial, key=key: write(key, partial),
-                    previous=previous_runs.get(key)))
-                write(key, run)
-                print(render_table(run))
+        for seed, kind, pass_no in itertools.product(seeds or [args.seed], kinds,
+                                                     range(1, args.passes + 1)):
+            key = (kind if seeds is None else run_key(kind, seed)) + (
+                "" if pass_no == 1 else f"/pass{pass_no}")
+            n = args.requests or (SMOKE_REQUESTS if args.smoke else FULL_REQUESTS)[kind]
+            trace = build_trace(kind, n, seed=seed, scale=scale, output_scale=args.output_scale)
+            run = asyncio.run(run_bench(
+                kind, trace, replace(opts, seed=seed),
+                on_arm=lambda partial, key=key, p=pass_no: write(key, {**partial, "pass": p}),
+                previous=previous_runs.get(key)))
+            run = {**run, "pass": pass_no}
+            write(key, run)
+            print(render_table(run))
         if seeds is not None:
             print(render_summary(doc["traces"]))
     except ArmInterrupted as exc:

@@ -154,7 +154,8 @@ def _ratio_cells(r: dict[str, float | None]) -> str:
 
 
 def render_table(run: dict[str, Any]) -> str:
-    lines = [f"trace {run['trace']} ({run['requests']} requests)",
+    again = f", pass {run['pass']}" if run.get("pass", 1) > 1 else ""
+    lines = [f"trace {run['trace']} ({run['requests']} requests{again})",
              f"  {'arm':<13} {'tok/s':>8} {'xfull':>6} {'xgrow':>6} {'xorac':>6} {'refused':>7} "
              f"{'trunc':>5} {'trans':>5} {'trans_s':>7} {'hit':>5} {'ttft_p50':>8}"]
     for arm, a in run["arms"].items():

@@ -59,7 +59,7 @@ def summarize(runs: Mapping[str, Mapping[str, Any]], default_arm: str) -> dict[s
         by_trace.setdefault(run["trace"], []).append(run)
     out: dict[str, Any] = {}
     for trace, group in by_trace.items():
-        group.sort(key=lambda run: run["seed"])
+        group.sort(key=lambda run: (run["seed"], run.get("pass", 1)))
         arms = list(dict.fromkeys(a for run in group for a in run["arms"]))
 
         series: dict[str, list[float | None]] = {
@@ -78,6 +78,10 @@ def summarize(runs: Mapping[str, Mapping[str, Any]], default_arm: str) -> dict[s
             "truncated": {arm: _per_seed(group, arm, "truncated") for arm in arms},
             "median": {}, "spread": {},
         }
+        passes = [run.get("pass", 1) for run in group]
+        if any(p > 1 for p in passes):
+            # A seed run again in the same call (`--passes`): one more sample of it.
+            summary["passes"] = passes
         for name, values in [*tps.items(), *series.items()]:
             summary["median"][name], summary["spread"][name] = _spread(values)
         summary["targets"] = _targets(trace, default_arm, summary)
@@ -120,8 +124,10 @@ def render_summary(traces: Mapping[str, Mapping[str, Any]]) -> str:
     the targets."""
     lines = []
     for trace, s in traces.items():
-        lines.append(f"trace {trace}, seeds {', '.join(map(str, s['seeds']))}: decode tok/s, "
-                     "median [min-max]")
+        passes = s.get("passes")
+        again = f" (passes {', '.join(map(str, passes))})" if passes else ""
+        lines.append(f"trace {trace}, seeds {', '.join(map(str, s['seeds']))}{again}: decode "
+                     "tok/s, median [min-max]")
         for arm in s["arms"]:
             refused = sum(v or 0 for v in s["refused"][arm])
             truncated = sum(v or 0 for v in s["truncated"][arm])

@@ -225,3 +225,27 @@ def test_report_rederives_a_written_run(tmp_path: Path, capsys: pytest.CaptureFi
     assert again["common"]["requests"] == 3
     assert set(again["miss_model"]["arms"]) == {"static-full", "oracle"}
     assert bench.main(["--report", str(tmp_path / "missing.json")]) == 2
+
+
+@pytest.mark.timeout(120)
+def test_passes_run_the_arms_again_in_the_same_call(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "passes.json"
+    assert bench.main(["--trace", "chat", "--seeds", "3", "--passes", "2", "--requests", "3",
+                       "--arms", "static-full,pinned-0", "--quiet", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["passes"] == 2
+    first, second = doc["runs"]["chat/seed3"], doc["runs"]["chat/seed3/pass2"]
+    assert (first["pass"], second["pass"]) == (1, 2)
+    assert set(first["arms"]) == set(second["arms"]) == {"static-full", "pinned-0"}
+    # The same requests both times: the same prompts and lengths, so the same work.
+    assert [r["prompt_tokens"] for r in first["per_request"]["pinned-0"]] == [
+        r["prompt_tokens"] for r in second["per_request"]["pinned-0"]]
+    chat = doc["traces"]["chat"]
+    assert (chat["seeds"], chat["passes"]) == ([3, 3], [1, 2])
+    assert chat["arms"]["pinned-0"] == [first["arms"]["pinned-0"]["decode_tps"],
+                                        second["arms"]["pinned-0"]["decode_tps"]]
+    printed = capsys.readouterr().out
+    assert "trace chat (3 requests, pass 2)" in printed
+    assert "trace chat, seeds 3, 3 (passes 1, 2)" in printed
+    assert bench.main(["--trace", "chat", "--passes", "0"]) == 2
