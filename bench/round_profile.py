@@ -16,6 +16,8 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
+
 __all__ = ["CONTEXT_BUCKET_TOKENS", "SERIES_COLUMNS", "RoundProfile", "allocator_counters"]
 
 # Buckets of the decoding requests' mean context, for comparing arms at equal context.
@@ -101,8 +103,6 @@ def shared_fit(arms: dict[str, dict[str, Any]], transitions: dict[str, list[dict
     residual, ms a token: overall, in the `after_s` seconds after each of its transitions
     began, and elsewhere. Arms at equal work then differ only by their residuals: what the
     model's four costs do not explain. None with fewer than two profiled arms."""
-    import numpy as np
-
     series = {arm: np.asarray(a["engine_profile"]["series"], dtype=float)
               for arm, a in arms.items() if a.get("engine_profile", {}).get("series")}
     if len(series) < 2:

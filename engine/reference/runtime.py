@@ -109,8 +109,8 @@ class SchedulerRound:
     (prefill) and rebuild work, then `decode_s` for `tokens` tokens at `context_tokens`
     positions in all, read from `kv_runs` page runs (contiguous slices: a fragmented page
     table costs a copy a run), with `misses` expert misses, which made `miss_layers` layers
-    wait for their copies. GPU work that admission or a rebuild queued
-    without waiting for it ends inside the round's decode, which waits for its last token.
+    wait for their copies. GPU work that admission or a rebuild queued without waiting for it
+    ends inside the round's decode, which waits for its last token.
     """
 
     started_s: float
