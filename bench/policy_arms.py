@@ -19,7 +19,9 @@ the same requests (the same prompts, so the same expert routing):
   The schedule is planned on the trace's own send order and live set (taken from the
   `static-full` arm, which never holds a request). Before each request the bench sets, with
   `engine.rebuild`, the planned rung, raised to the lowest rung holding the request plus
-  everything already running or waiting (never a refusal), and only then sends it. The
+  everything already running or waiting (never a refusal), and only then sends it; the next
+  request waits only for that rebuild and for the engine to queue this one
+  (`oracle_waits_for`), so the oracle serves the trace's schedule as the other arms do. The
   `oracle_plan` block of the JSON holds the prices, the schedule and its predicted cost.
 * `freetoken-static-full`, `freetoken-grow-only`, `freetoken-headroom`: the same arms on an
   engine in `freetoken` mode, what a user beside the real `ft serve` gets: a rebuild only when
@@ -169,6 +171,9 @@ def cpu_engine_config() -> Any:
     return replace(demo_engine_config(), served_model_name="bench-moe-cpu")
 
 
+ORACLE_WAITS = ("queue", "first-token")
+
+
 @dataclass(frozen=True)
 class BenchOptions:
     device: str = "cpu"
@@ -186,6 +191,16 @@ class BenchOptions:
     # The moe-ladder arms' largest ladder step, real tokens: the daemon's default
     # (ladder.rungs `kv_step_tokens`); a recorded run replays with the step it ran.
     kv_step_tokens: int = LadderSpec().kv_step_tokens
+    # What the oracle's sender waits for before it prices the next request (`ORACLE_WAITS`):
+    # "queue", the engine has the request on its books (waiting or admitted), so every arm
+    # sends the same schedule; "first-token", as runs without `oracle_waits_for` in their meta
+    # ran, which held the next arrival behind a slow admission (docs/results.md).
+    oracle_waits_for: str = "queue"
+
+    def __post_init__(self) -> None:
+        if self.oracle_waits_for not in ORACLE_WAITS:
+            raise ValueError(f"oracle_waits_for must be one of {', '.join(ORACLE_WAITS)}, "
+                             f"got {self.oracle_waits_for!r}")
 
     def seconds(self, real_s: float) -> float:
         """A time constant of the real schedule, played `compress` times faster."""
@@ -338,9 +353,9 @@ class ArmResult:
 
 async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, prompt: str,
                   seed: int, counters: Callable[[], tuple[int, int]],
-                  admitted: asyncio.Event | None = None) -> None:
+                  first_token: asyncio.Event | None = None) -> None:
     """One streamed completion; fills `row`. `counters` reads the engine's expert (hits,
-    misses). `admitted` is set at the first token or the end.
+    misses). `first_token` is set at the first token or the end.
 
     Like the demo's requests (ladder/demo.py), plus TTFT, the error text and per-request rows.
     """
@@ -361,8 +376,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, pro
                     if first is None:
                         first, at_first = last, at_last
                         row.ttft_s = first - started
-                        if admitted is not None:
-                            admitted.set()
+                        if first_token is not None:
+                            first_token.set()
                     row.completion_tokens += 1
             if first is not None and last is not None:
                 row.decode_s = last - first
@@ -371,8 +386,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, row: RequestRow, pro
     except aiohttp.ClientError as exc:
         row.status, row.error = 599, f"{type(exc).__name__}: {exc}"[:200]
     finally:
-        if admitted is not None:
-            admitted.set()
+        if first_token is not None:
+            first_token.set()
 
 
 def _prompt(seed: int, index: int, tokens: int) -> str:
@@ -500,10 +515,10 @@ async def run_arm(arm: str, trace: Sequence[TraceRequest], config: Any,
                 return engine.experts.hits, engine.experts.misses
 
             async def send(row: RequestRow, via_gate: bool,
-                           admitted: asyncio.Event | None) -> None:
+                           first_token: asyncio.Event | None) -> None:
                 prompt = _prompt(opts.seed, row.index, row.prompt_tokens)
                 await _stream(session, target if via_gate else url, row, prompt, row.index,
-                              counters, admitted)
+                              counters, first_token)
 
             before = allocator_counters(engine.device)
             try:
@@ -563,9 +578,13 @@ async def drive_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions,
     page = engine.shape.page_size
     rebuilds: list[float] = []
 
+    on_books = asyncio.Event()  # set when the engine queues a request
+
     def on_event(event: str, payload: Any) -> None:
         if event == "rebuild_finished":
             rebuilds.append(float(payload[2]))
+        elif event == "request_queued":
+            on_books.set()
 
     engine.listeners.append(on_event)
     t0 = loop.time()
@@ -631,10 +650,16 @@ async def drive_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions,
             rung = ladder.rungs[max(holding.index, planned)]
             await _set_geometry(engine, rung.geometry)
             row.rung = rung.index
-            admitted = asyncio.Event()
+            first_token = asyncio.Event()
+            on_books.clear()  # only the oracle's sender sends, one request at a time
             row.sent_s = loop.time() - t0
-            task = asyncio.create_task(send(row, False, admitted))
-            await admitted.wait()
+            task = asyncio.create_task(send(row, False, first_token))
+            # The next request is priced with this one on the engine's books; a refusal
+            # before it got there ends the task.
+            until = first_token if opts.oracle_waits_for == "first-token" else on_books
+            waiter = asyncio.ensure_future(until.wait())
+            await asyncio.wait((waiter, task), return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
         await task
 
     async def send_row(row: RequestRow) -> None:

@@ -208,7 +208,7 @@ def _meta(opts: BenchOptions) -> dict[str, Any]:
             "GPU targets do not apply"),
         "scale": opts.scale, "compress": opts.compress, "seed": opts.seed,
         "threads": opts.threads, "kv_step_tokens": opts.kv_step_tokens,
-        "arms": list(opts.arms),
+        "oracle_waits_for": opts.oracle_waits_for, "arms": list(opts.arms),
         "engine": {"num_layers": m.num_layers, "num_experts": m.num_experts, "top_k": m.top_k,
                    "hidden": m.hidden, "expert_hidden": m.expert_hidden,
                    "expert_bytes": m.expert_bytes, "kv_bytes_per_token": m.kv_bytes_per_token,
@@ -222,7 +222,7 @@ def _meta(opts: BenchOptions) -> dict[str, Any]:
 
 
 _SAME_RUN = ("schema", "device", "scale", "compress", "seed", "output_scale", "engine",
-             "kv_step_tokens")
+             "kv_step_tokens", "oracle_waits_for")
 
 
 def _resumable(path: str, meta: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

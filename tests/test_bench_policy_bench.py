@@ -128,6 +128,7 @@ def test_cli_writes_json(tmp_path: Path) -> None:
                        "--quiet", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["meta"]["schema"] == bench.SCHEMA
+    assert doc["meta"]["oracle_waits_for"] == "queue"  # records replay with the rule they ran
     assert set(doc["runs"]["chat"]["arms"]) == {"static-full", "oracle"}
     assert bench.main(["--trace", "nope"]) == 2
 

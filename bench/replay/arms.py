@@ -93,14 +93,14 @@ async def replay_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions
             controller_task = asyncio.create_task(controller.run(stop))
             await settle(arm, controller, opts)
 
-        async def send(row: RequestRow, via_gate: bool, admitted: asyncio.Event | None) -> None:
+        async def send(row: RequestRow, via_gate: bool, first_token: asyncio.Event | None) -> None:
             loop = asyncio.get_running_loop()
             started = loop.time()
 
             async def forward() -> Generation | AdmissionError | RebuildRace:
                 try:
                     return await engine.generate(row.index, row.prompt_tokens, row.max_tokens,
-                                                 admitted)
+                                                 first_token)
                 except AdmissionError as exc:
                     if via_gate and exc.http_status == 503 and REBUILD_IN_PROGRESS in (
                             exc.message):
@@ -119,8 +119,8 @@ async def replay_arm(arm: str, trace: Sequence[TraceRequest], opts: BenchOptions
                 row.status, row.error = refusal.status, refusal.message
                 return
             finally:
-                if admitted is not None:
-                    admitted.set()
+                if first_token is not None:
+                    first_token.set()
             if isinstance(result, AdmissionError | RebuildRace):
                 row.status = result.http_status if isinstance(result, AdmissionError) else 503
                 row.error = str(result)[:200]

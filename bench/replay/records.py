@@ -29,7 +29,8 @@ from bench.replay.arms import World, replay_trace
 from bench.replay.calibration import Costs
 from bench.replay.server import ServerSpec
 
-__all__ = ["RECORDS", "RESULTS", "RecordSetup", "load_record", "replay_record", "replay_run"]
+__all__ = ["RECORDS", "RESULTS", "RecordSetup", "load_record", "record_options", "replay_record",
+           "replay_run"]
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -100,6 +101,17 @@ def replay_record(name: str, costs: Costs, arms: Sequence[str] | None = None,
     return replay_run(*load_record(name), costs, arms)
 
 
+def record_options(setup: RecordSetup, meta: Any, run: Any) -> BenchOptions:
+    """The bench options `run` (of a file with `meta`) was measured with. A setting the meta
+    does not name ran as the code of its day did: the setup's ladder step (32k before the
+    default became 16k on 2026-12-07), and an oracle that waited for each request's first
+    token before sending the next."""
+    return BenchOptions(device="cuda", scale=meta["scale"], compress=meta["compress"],
+                        seed=run.get("seed", meta["seed"]), arms=(), quiet=True, threads=None,
+                        kv_step_tokens=meta.get("kv_step_tokens", setup.kv_step_tokens),
+                        oracle_waits_for=meta.get("oracle_waits_for", "first-token"))
+
+
 def replay_run(setup: RecordSetup, meta: Any, run: Any, costs: Costs,
                arms: Sequence[str] | None = None) -> dict[str, Any]:
     """Every arm of `run` (or `arms`), a run of a policy_bench file with its `meta`, replayed
@@ -109,13 +121,8 @@ def replay_run(setup: RecordSetup, meta: Any, run: Any, costs: Costs,
         config = replace(config, rebuild_pause_budget_s=setup.pause_budget_s)
     spec = replace(ServerSpec.from_engine_config(config), readmit_waiting=setup.fixed_demand)
     world = World("h200-bench", spec, costs)
-    seed = run.get("seed", meta["seed"])
-    # A run that records its step ran with it (from 2026-12-07 on); one that does not ran
-    # with the setup's (32k before the default became 16k).
-    opts = BenchOptions(device="cuda", scale=meta["scale"], compress=meta["compress"],
-                        seed=seed, arms=(), quiet=True, threads=None,
-                        kv_step_tokens=meta.get("kv_step_tokens", setup.kv_step_tokens))
-    trace = build_trace(run["trace"], run["requests"], seed=seed, scale=meta["scale"],
+    opts = record_options(setup, meta, run)
+    trace = build_trace(run["trace"], run["requests"], seed=opts.seed, scale=meta["scale"],
                         output_scale=meta["output_scale"])
     return replay_trace(run["trace"], trace, opts, world, list(arms or run["arms"]),
                         priced_oracle=setup.priced_oracle,

@@ -142,7 +142,7 @@ class Generation:
     at_first: tuple[int, int] = (0, 0)
     at_last: tuple[int, int] = (0, 0)
     # Set at the first token, or when the generation ends without one.
-    admitted: asyncio.Event | None = None
+    first_token: asyncio.Event | None = None
     done: asyncio.Future[AdmissionError | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -262,18 +262,19 @@ class SimEngine:
     # ---- generation ----------------------------------------------------------------------
 
     async def generate(self, index: int, prompt_tokens: int, max_tokens: int,
-                       admitted: asyncio.Event | None = None) -> Generation:
+                       first_token: asyncio.Event | None = None) -> Generation:
         """Admit one request and wait for its last token; AdmissionError when refused (at
         once, or when a rebuild left too little context for it while it waited).
-        `admitted` is set at its first token or its end."""
+        `first_token` is set at its first token or its end."""
         refusal = state_refusal(self.state, self.spec.rebuild_mode)
         if refusal is not None:
             raise refusal
         fitted = fitted_max_tokens(prompt_tokens, max_tokens, self.max_seq_len())
         run = Generation(index, prompt_tokens, fitted,
                          self.shape.pages_for_tokens(prompt_tokens + fitted), self.now(),
-                         self.bank.keys(index, fitted), admitted=admitted)
+                         self.bank.keys(index, fitted), first_token=first_token)
         self.waiting.append(run)
+        self._emit("request_queued", run)
         self._wake.set()
         error = await run.done
         if error is not None:
@@ -312,8 +313,8 @@ class SimEngine:
             stream=True, error=None if error is None else error.message)
         if not run.done.done():
             run.done.set_result(error)
-        if run.admitted is not None:
-            run.admitted.set()
+        if run.first_token is not None:
+            run.first_token.set()
         self._wake.set()
 
     def _decode_cost(self) -> float:
@@ -348,8 +349,8 @@ class SimEngine:
                 self.served.token(now)
                 if run.first_token_s is None:
                     run.first_token_s, run.at_first = now, counters
-                    if run.admitted is not None:
-                        run.admitted.set()
+                    if run.first_token is not None:
+                        run.first_token.set()
                 run.last_token_s, run.at_last = now, counters
                 if run.generated >= run.max_tokens:
                     self._finish(run, None)

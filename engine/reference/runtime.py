@@ -305,6 +305,7 @@ class ReferenceEngine:
             need_pages=self.shape.pages_for_tokens(len(prompt_ids) + max_tokens),
             path=path, stream=stream, started_s=self.clock())
         self.waiting.append(run)
+        self._emit("request_queued", run)
         self._wake.set()
         status, error = 200, None
         try:

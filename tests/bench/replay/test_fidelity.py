@@ -13,7 +13,7 @@ from bench.policy_arms import DEFAULT_ARM
 from bench.replay.calibration import DEFAULT_CALIBRATION, load_profile
 from bench.replay.fidelity import device_repeatability, record_fidelity
 from bench.replay.fit import decode_fit
-from bench.replay.records import RECORDS, load_record, replay_record
+from bench.replay.records import RECORDS, load_record, record_options, replay_record
 from bench.replay.tables import (
     fidelity_markdown,
     fidelity_summary_markdown,
@@ -51,6 +51,17 @@ def test_every_per_seed_gpu_run_is_a_record() -> None:
     assert names <= set(RECORDS)
     assert {RECORDS[n].group for n in names} == {"seed_runs"}
     assert decode_fit().request_s_by_record.keys() >= names
+
+
+def test_a_record_replays_with_the_settings_it_ran_with() -> None:
+    """What a record's meta names it ran with; what it does not, as the code of its day."""
+    setup, meta, run = load_record("h100/agentic-0")
+    opts = record_options(setup, meta, run)
+    assert "oracle_waits_for" not in meta and opts.oracle_waits_for == "first-token"
+    assert opts.kv_step_tokens == setup.kv_step_tokens == 32_768
+    newer = {**meta, "oracle_waits_for": "queue", "kv_step_tokens": 16_384}
+    opts = record_options(setup, newer, run)
+    assert (opts.oracle_waits_for, opts.kv_step_tokens, opts.seed) == ("queue", 16_384, 0)
 
 
 def test_the_device_disagrees_with_itself() -> None:

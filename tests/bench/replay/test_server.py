@@ -118,3 +118,25 @@ def test_freetoken_rebuild_waits_for_idle_refuses_meanwhile_and_starts_cold() ->
         await engine.close()
 
     run_virtual(main())
+
+
+def test_a_queued_request_is_announced_and_a_refused_one_is_not() -> None:
+    """The oracle's sender prices the next request once this one is on the engine's books
+    (`request_queued`), before its admission."""
+    async def main() -> None:
+        engine = _engine()
+        queued: list[int] = []
+        engine.listeners.append(lambda event, run: event == "request_queued"
+                                and queued.append(run.index))
+        engine.start()
+        with pytest.raises(AdmissionError, match="prompt is too long"):
+            await engine.generate(0, prompt_tokens=SPEC.boot.num_pages * 16, max_tokens=5)
+        assert queued == []
+        generation = asyncio.create_task(engine.generate(1, 200, 10))
+        await asyncio.sleep(0)
+        assert queued == [1] and generation.done() is False
+        assert [run.index for run in engine.waiting] == [1]  # queued, not yet admitted
+        await generation
+        await engine.close()
+
+    run_virtual(main())

@@ -97,3 +97,20 @@ async def test_rebuild_work_under_decode_is_reported_in_its_round() -> None:
     # One chunk operation a round at budget 0: that many rounds carried rebuild work.
     assert sum(r.rebuild_s > 0 for r in reported) >= ops
     assert sum(r.tokens for r in reported) == 300
+
+
+async def test_a_request_is_announced_when_it_joins_the_waiting_queue() -> None:
+    engine = ReferenceEngine(small_config())
+    seen: list[tuple[str, int]] = []
+    engine.listeners.append(lambda event, payload: seen.append(
+        (event, len(engine.waiting) + len(engine.running))))
+    await engine.start()
+    try:
+        async for _ in engine.generate(PROMPT, 3):
+            pass
+    finally:
+        await engine.close()
+    events = [event for event, _ in seen]
+    # Once, first, while the request waits: before any round decoded it.
+    assert events.count("request_queued") == 1 and events[0] == "request_queued"
+    assert seen[0][1] == 1 and events.count("scheduler_round") == 3
