@@ -10,7 +10,8 @@ Why: the fidelity check replays every record already in bench/results. Two kinds
   geometric ladder's steps were capped at 32k tokens; each arm of them may have run in a
   different device call;
 - every per-seed run of bench/gpu_run.sh `policy_seeds` (bench/results/CARD/seeds/TRACE-SEED),
-  one device call each, measured by today's daemon and engine.
+  one device call each, measured by today's daemon and engine (those before `oracle_waits_for`
+  entered their meta with an oracle that sent its next request only at this one's first token).
 
 A replay of a record takes each of those as the record ran it; everything else (trace, seed,
 request count, output scale, time compression, engine) comes from the record's own `meta`.
