@@ -20,7 +20,9 @@
 #                   into ladder-seeds.json; RESUME=DIR goes on from DIR/ladder-seeds.json, so one
 #                   call per (trace, seed) builds the many-seed file; KV_STEP=32k sets the
 #                   moe-ladder arms' ladder step (default the daemon's); PASSES=2 runs the
-#                   arms twice in a row (A B A B), so a ratio's spread within the call shows
+#                   arms twice in a row (A B A B), so a ratio's spread within the call shows;
+#                   the speed probe (bench/probe.py) runs before every arm and after the last
+#                   unless PROBE=0
 # Each step is bounded by its SECONDS (defaults below) and a failing step does not stop the
 # next; its exit status and duration land in $OUT/env.txt. At most 8 files come back from a
 # device call: each step writes one JSON and one log (policy steps a PNG too). The files keep
@@ -40,6 +42,11 @@ export PYTHONPATH=.:/tmp/site
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
   nproc; free -g | head -2
+  # What might set this call's speed (docs/results.md: calls ran up to 1.3x apart): the host's
+  # CPU, its load, and the GPU's clocks and power state now.
+  grep -m1 'model name' /proc/cpuinfo; uptime
+  nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,pstate \
+    --format=csv
 } >> "$OUT/env.txt" 2>&1  # appended: one call may run this script more than once
 
 # Arms in the order the targets need them, so a step cut short keeps the comparisons that count;
@@ -94,7 +101,7 @@ step() {  # step NAME SECONDS: run one named step, bounded
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \
         --device cuda --trace "$TRACES" --seeds "$SEEDS" --requests "$REQUESTS" \
         --output-scale 8 --arms "$SEED_ARMS" ${KV_STEP:+--kv-step "$KV_STEP"} \
-        --passes "${PASSES:-1}" "${resume[@]}" \
+        --passes "${PASSES:-1}" $([ "${PROBE:-1}" = 0 ] && echo --no-probe) "${resume[@]}" \
         --out "$OUT/ladder-seeds.json" > "$OUT/ladder-seeds.log" 2>&1 ;;
     policy_smoke)
       PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \

@@ -78,6 +78,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.probe import PROBE, PROBE_PROMPT_TOKENS, probe_demand_tokens
 from bench.round_profile import RoundProfile, allocator_counters
 from bench.seeds import FREETOKEN
 from bench.traces import TraceRequest, agentic_session, handoff, mixed, scaled, short_chat
@@ -196,6 +197,8 @@ class BenchOptions:
     # sends the same schedule; "first-token", as runs without `oracle_waits_for` in their meta
     # ran, which held the next arrival behind a slow admission (docs/results.md).
     oracle_waits_for: str = "queue"
+    # Run the speed probe (bench/probe.py) before every arm and after the last.
+    probe: bool = False
 
     def __post_init__(self) -> None:
         if self.oracle_waits_for not in ORACLE_WAITS:
@@ -542,8 +545,12 @@ async def arm_start(arm: str, engine: Any, opts: BenchOptions) -> tuple[Ladder, 
     """The arm's ladder on `engine`, and its starting rung, set through the planner."""
     spec = _ladder_spec(base_arm(arm), opts)
     ladder = _ladder_of(engine, spec)
-    start = {"static-full": ladder.top, "static-short": ladder.rungs[0]}.get(base_arm(arm),
-                                                                              ladder.rungs[0])
+    if arm == PROBE:
+        start = ladder.rung_holding(probe_demand_tokens(opts.tokens(PROBE_PROMPT_TOKENS)))
+        if start is None:
+            raise RuntimeError(f"{PROBE}: no rung of the ladder holds its two requests")
+    else:
+        start = {"static-full": ladder.top}.get(base_arm(arm), ladder.rungs[0])
     await _set_geometry(engine, start.geometry)
     return ladder, start
 

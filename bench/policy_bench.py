@@ -7,6 +7,10 @@ grow-only, each built-in policy through the real daemon and gate, the same on a
 `freetoken`-mode engine, and an offline oracle), one fresh reference engine an arm, and derives
 the ratios, the targets and the miss model with bench/policy_report.py.
 
+On the GPU (`--probe`, the default there) the speed probe of bench/probe.py runs before every
+arm and after the last, into the run's `probes`: the call's own speed on fixed work, which
+`python -m bench.replay compare` prices the arms at.
+
 A trace whose arms outlast one 10-minute device call goes on in the next with `--resume`,
 which keeps the arms already measured; `--seeds` runs every trace on several seeds and sums
 them up per trace (bench/seeds.py); `--report FILE` re-derives a written JSON's figures and
@@ -60,6 +64,7 @@ from bench.policy_arms import (
     run_arm,
 )
 from bench.policy_report import derived, plot, render_table, rerate_requests
+from bench.probe import PROBE, PROBE_PROMPT_TOKENS, probe_trace
 from bench.seeds import render_summary, run_key, summarize
 from bench.traces import TraceRequest
 from ladder.units import format_count, parse_count
@@ -114,25 +119,54 @@ async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchO
     model = TinyMoE(config.model, torch.device(config.device))
     copy_us = _expert_copy_us(model)
     results: dict[str, ArmResult] = {}
+    probes = list((previous or {}).get("probes", ()))
     plan = (previous or {}).get("oracle_plan")
-    run = run_doc(trace_kind, opts.seed, trace, results, previous, copy_us, plan)
+    started = time.perf_counter()
+
+    def doc() -> dict[str, Any]:
+        return run_doc(trace_kind, opts.seed, trace, results, previous, copy_us, plan,
+                       probes=probes)
+
+    async def run_one(arm: str, requests: Sequence[TraceRequest]) -> ArmResult:
+        result = await run_arm(arm, requests, config, opts, model,
+                               plan["rungs"] if arm == "oracle" and plan else None)
+        gc.collect()  # the arm's engine and pools go before the next one is built
+        if opts.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        return result
+
+    async def probe(before: str | None) -> None:
+        at_s = time.perf_counter() - started
+        result = await run_one(PROBE, probe_trace(opts.tokens(PROBE_PROMPT_TOKENS)))
+        probes.append(probe_record(result, before, at_s))
+
+    run = doc()
+    todo = [a for a in sorted(opts.arms, key=lambda a: a == "oracle") if a not in run["arms"]]
     # The oracle last, whatever order --arms gave: it is priced with the others' measurements.
-    for arm in sorted(opts.arms, key=lambda a: a == "oracle"):
-        if arm in run["arms"]:
-            continue
+    for arm in todo:
+        if opts.probe:
+            await probe(arm)
         if arm == "oracle":
             plan = oracle_plan_for(trace, run, page_size=config.model.page_size,
                                    lookups_per_token=config.model.num_layers
                                    * config.model.top_k, copy_us=copy_us)
-        results[arm] = await run_arm(arm, trace, config, opts, model,
-                                     plan["rungs"] if arm == "oracle" and plan else None)
-        gc.collect()  # the arm's engine and pools go before the next one is built
-        if opts.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        run = run_doc(trace_kind, opts.seed, trace, results, previous, copy_us, plan)
+        results[arm] = await run_one(arm, trace)
+        run = doc()
         if on_arm is not None:
             on_arm(run)
+    if opts.probe and todo:
+        await probe(None)
+        run = doc()
     return run
+
+
+def probe_record(result: ArmResult, before: str | None, at_s: float) -> dict[str, Any]:
+    """One probe as the run keeps it: which arm it ran before (None: after the last), when
+    (seconds into this call's trace), its summary and its requests."""
+    agg = result.aggregate()
+    return {"before": before, "at_s": round(at_s, 2),
+            **{k: agg[k] for k in ("served", "decode_tps", "hit_rate", "wall_s")},
+            "per_request": [row.to_json() for row in result.rows]}
 
 
 def oracle_plan_for(trace: Sequence[TraceRequest], run: dict[str, Any], *, page_size: int,
@@ -171,7 +205,8 @@ _PER_ARM = ("arms", "ladders", "transitions", "per_request", "timeline")
 def run_doc(trace_kind: str, seed: int, trace: Sequence[TraceRequest],
             results: dict[str, ArmResult],
             previous: dict[str, Any] | None, expert_copy_us: float,
-            oracle_block: dict[str, Any] | None) -> dict[str, Any]:
+            oracle_block: dict[str, Any] | None, *,
+            probes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     new = {
         "arms": {a: r.aggregate() for a, r in results.items()},
         "ladders": {a: r.ladder for a, r in results.items()},
@@ -192,6 +227,7 @@ def run_doc(trace_kind: str, seed: int, trace: Sequence[TraceRequest],
         "expert_copy_us": expert_copy_us,
         "oracle_plan": oracle_block,
         **{k: merged[k] for k in _PER_ARM if k != "arms"},
+        **({"probes": list(probes)} if probes else {}),
     }
 
 
@@ -208,7 +244,8 @@ def _meta(opts: BenchOptions) -> dict[str, Any]:
             "GPU targets do not apply"),
         "scale": opts.scale, "compress": opts.compress, "seed": opts.seed,
         "threads": opts.threads, "kv_step_tokens": opts.kv_step_tokens,
-        "oracle_waits_for": opts.oracle_waits_for, "arms": list(opts.arms),
+        "oracle_waits_for": opts.oracle_waits_for, "probe": opts.probe,
+        "arms": list(opts.arms),
         "engine": {"num_layers": m.num_layers, "num_experts": m.num_experts, "top_k": m.top_k,
                    "hidden": m.hidden, "expert_hidden": m.expert_hidden,
                    "expert_bytes": m.expert_bytes, "kv_bytes_per_token": m.kv_bytes_per_token,
@@ -291,6 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "pass its own run (`KEY/passP` from the second): how far one "
                              "ratio moves within a device call, beside how far it moves "
                              "between calls (default 1)")
+    parser.add_argument("--probe", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the speed probe (bench/probe.py: fixed work on a static "
+                             "geometry) before every arm and after the last, into the run's "
+                             "`probes`, so the replay can price this call at its own speed "
+                             "(default on with cuda, off on cpu)")
     parser.add_argument("--out", default=None,
                         help="write the JSON here (default with --resume: that file)")
     parser.add_argument("--resume", default=None, metavar="JSON",
@@ -341,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = BenchOptions(device=args.device, scale=scale, compress=args.compress,
                         seed=args.seed, arms=arms, quiet=args.quiet, kv_step_tokens=kv_step,
                         threads=args.threads if args.threads is not None else (
-                            None if cuda else 1))
+                            None if cuda else 1),
+                        probe=cuda if args.probe is None else args.probe)
     meta = {**_meta(opts), "output_scale": args.output_scale, "passes": args.passes}
     if seeds is not None:
         meta.update(seed=None, seeds=seeds, default_arm=DEFAULT_ARM)

@@ -187,6 +187,10 @@ def render_table(run: dict[str, Any]) -> str:
             lines.append(f"  no miss at all would be {model['no_miss_vs_grow_only']:.2f}x "
                          "grow-only: any ladder's ceiling, if misses are all a rung changes")
     lines.extend(_profile_lines(run["arms"]))
+    if probes := run.get("probes"):
+        lines.append("  speed probe (bench/probe.py), tok/s: " + ", ".join(
+            f"{p['decode_tps']:.1f} {'before ' + p['before'] if p['before'] else 'after'}"
+            for p in probes))
     if (fit := run.get("round_fit")) is not None:
         c = fit["coefficients"]
         lines.append(f"  one model of every arm's rounds: {c['ms_per_token']:.2f} ms a token, "

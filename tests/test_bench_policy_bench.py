@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 
 from bench import policy_arms
 from bench import policy_bench as bench
+from bench.probe import PROBE_MAX_TOKENS
 from bench.traces import TraceRequest
 
 
@@ -130,7 +131,31 @@ def test_cli_writes_json(tmp_path: Path) -> None:
     assert doc["meta"]["schema"] == bench.SCHEMA
     assert doc["meta"]["oracle_waits_for"] == "queue"  # records replay with the rule they ran
     assert set(doc["runs"]["chat"]["arms"]) == {"static-full", "oracle"}
+    # On the CPU the speed probe is off unless asked for.
+    assert doc["meta"]["probe"] is False and "probes" not in doc["runs"]["chat"]
     assert bench.main(["--trace", "nope"]) == 2
+
+
+def test_the_probe_runs_before_every_arm_and_after_the_last(tmp_path: Path) -> None:
+    """On the reference engine over loopback: each call's probes bracket its arms, a resumed
+    call adds its own after the first call's, and no probe is counted as an arm."""
+    first, out = tmp_path / "first.json", tmp_path / "both.json"
+    common = ["--trace", "chat", "--requests", "2", "--quiet", "--probe"]
+    assert bench.main([*common, "--arms", "static-full", "--out", str(first)]) == 0
+    assert bench.main([*common, "--arms", "static-full,oracle", "--resume", str(first),
+                       "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    run = doc["runs"]["chat"]
+    assert doc["meta"]["probe"] is True
+    assert [p["before"] for p in run["probes"]] == ["static-full", None, "oracle", None]
+    assert set(run["arms"]) == {"static-full", "oracle"}
+    for probe in run["probes"]:
+        assert probe["served"] == 4 and probe["decode_tps"] > 0
+        rows = probe["per_request"]
+        assert [r["prompt_tokens"] for r in rows] == [round(2048 / 36)] * 4  # --scale 36
+        assert all(r["completion_tokens"] == PROBE_MAX_TOKENS for r in rows)
+    # The resumed call's probes ran after the first call's were written.
+    assert run["probes"][:2] == json.loads(first.read_text())["runs"]["chat"]["probes"]
 
 
 def test_resume_keeps_measured_arms_and_runs_the_rest(tmp_path: Path,

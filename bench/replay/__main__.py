@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,19 @@ def _tables(fidelity: str, seeds: str, kv_steps: str, gpu: Sequence[str]) -> int
     return 0
 
 
+# How `compare` prices a run: at the profile's speed, then at speeds of the run's own call.
+_PRICES = (("tps", "the profile's speed"), ("tps_at_static_full_speed", "static-full's speed"),
+           ("tps_at_call_probe", "the call's probes"), ("tps_at_arm_probes", "its probes"))
+
+
+def _within(runs: Iterable[Mapping[str, Any]], key: str) -> dict[str, Any]:
+    """Arms within 10 % and the largest error over `runs`, priced as `key` says."""
+    got = [r[key] for r in runs if key in r]
+    return {"runs": len(got), "arms_within_10pct": sum(g["arms_within_10pct"] for g in got),
+            "arms_compared": sum(g["arms_compared"] for g in got),
+            "max_abs_error": max((g["max_abs_error"] for g in got), default=None)}
+
+
 def _compare(files: Sequence[str], calibration: str, out: str) -> int:
     from bench.replay.compare import compare_file
 
@@ -224,9 +237,14 @@ def _compare(files: Sequence[str], calibration: str, out: str) -> int:
             print(f"error: {path}: not a policy_bench many-seed file ({exc})", file=sys.stderr)
             return 2
         doc["runs"].update({f"{_shown(path)}:{key}": r for key, r in runs.items()})
+    doc["summary"] = summary = {doc_key: _within(doc["runs"].values(), doc_key)
+                                for doc_key, _ in _PRICES}
     report_json(doc, out, indent=1, emit=None)
     for key, r in doc["runs"].items():
-        print(key)
+        probe = r.get("probe")
+        print(key if probe is None else
+              f"{key}  (probes {', '.join(f'{s * 1e3:.2f}' for s in probe['request_s'])} ms a "
+              f"request, spread {probe['spread']:.1%})")
         for arm, row in r["tps"]["arms"].items():
             ratio = r["vs_static_full"].get(arm)
             if "error" in row:
@@ -234,9 +252,18 @@ def _compare(files: Sequence[str], calibration: str, out: str) -> int:
                 vs_full = "no static-full arm" if ratio is None else (
                     f"x static-full {ratio['measured']:.3f} measured "
                     f"{ratio['predicted'] or 0:.3f} predicted")
+                probed = "".join(
+                    f"; at {label} {got['error']:+.1%}" for doc_key, label in _PRICES[1:]
+                    if (got := r.get(doc_key, {}).get("arms", {}).get(arm, {})).get("error")
+                    is not None)
                 print(f"  {arm:<22} tok/s {row['measured_tps']:>7.2f} measured "
-                      f"{row['predicted_tps']:>7.2f} predicted ({row['error']:+.1%});  "
+                      f"{row['predicted_tps']:>7.2f} predicted ({row['error']:+.1%}{probed});  "
                       + vs_full)
+    for doc_key, label in _PRICES:
+        got = summary[doc_key]
+        if got["arms_compared"]:
+            print(f"at {label}: {got['arms_within_10pct']} of {got['arms_compared']} arms "
+                  f"within 10 %, max {got['max_abs_error']:.1%}")
     print(f"wrote {out}")
     return 0
 

@@ -6,18 +6,22 @@ For each `TRACE/seedN` run of a `bench/policy_bench.py --seeds` file (bench/gpu_
 on every arm the run measured, and each arm is compared twice: its decode tokens/s (which
 carries the device call's own speed, while the profile prices the median record's) and its
 ratio to static-full in the same run (which cancels a call's common speed, and is what the
-targets are made of).
+targets are made of). Two more prices take the call's own speed from work no policy touches:
+the speed its static-full arm decoded at (every run has one), and, for a run that probed its
+call (bench/probe.py), the probes' speed, the call's and each arm's.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.replay.calibration import Costs
 from bench.replay.fidelity import record_fidelity
+from bench.replay.probe import arm_request_s, probe_summary, window_request_s
 from bench.replay.records import RecordSetup, replay_run
 
 __all__ = ["compare_file", "compare_run"]
@@ -29,9 +33,46 @@ def _vs_static_full(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
             if base and a.get("served") and a.get("decode_tps")}
 
 
+def _probed(setup: RecordSetup, meta: Mapping[str, Any], run: Mapping[str, Any],
+            costs: Costs) -> dict[str, Any]:
+    """The run priced at its probes' speeds (bench/replay/probe.py): the call's, and each
+    arm's own; {} for a run without probes."""
+    summary = probe_summary(run, costs)
+    if summary is None:
+        return {}
+    call = replay_run(setup, meta, run, replace(costs, request_s=summary["call_request_s"]))
+    by_arm = {}
+    for arm, request_s in arm_request_s(run, costs).items():
+        # The oracle is priced by the other arms' replays, so it is replayed with them.
+        arms = None if arm == "oracle" else [arm]
+        by_arm[arm] = replay_run(setup, meta, run, replace(costs, request_s=request_s),
+                                 arms)["arms"][arm]
+    return {"probe": summary, "tps_at_call_probe": record_fidelity(call["arms"], run["arms"]),
+            "tps_at_arm_probes": record_fidelity(by_arm, {a: run["arms"][a] for a in by_arm})}
+
+
+def _at_static_full_speed(setup: RecordSetup, meta: Mapping[str, Any],
+                          run: Mapping[str, Any], costs: Costs) -> dict[str, Any]:
+    """The run's other arms priced at the speed its static-full arm decoded at (solved from
+    its windows as a probe's are): static-full runs no daemon and never rebuilds, so it
+    measures the call like a probe, in every run recorded before the probe existed; it ran
+    first in each call, so a call that drifted after it shows. {} without static-full."""
+    rows = run.get("per_request", {}).get("static-full")
+    request_s = None if rows is None else window_request_s(rows, costs)
+    if request_s is None:
+        return {}
+    arms = [a for a in run["arms"] if a != "static-full"]
+    priced = replay_run(setup, meta, run, replace(costs, request_s=request_s))["arms"]
+    return {"static_full_request_s": round(request_s, 6),
+            "tps_at_static_full_speed": record_fidelity(
+                {a: priced[a] for a in arms if a in priced},
+                {a: run["arms"][a] for a in arms})} if arms else {}
+
+
 def compare_run(run: Mapping[str, Any], meta: Mapping[str, Any], costs: Costs,
                 ) -> dict[str, Any]:
-    """One run of today's bench (its code: `RecordSetup`'s defaults) beside its replay."""
+    """One run of today's bench (its code: `RecordSetup`'s defaults) beside its replay: at the
+    profile's speed and, where the run probed its call, at the probes' (`_probed`)."""
     setup = RecordSetup(file="")
     predicted = replay_run(setup, meta, run, costs)["arms"]
     measured_ratio, predicted_ratio = _vs_static_full(run["arms"]), _vs_static_full(predicted)
@@ -42,7 +83,9 @@ def compare_run(run: Mapping[str, Any], meta: Mapping[str, Any], costs: Costs,
                                      "predicted": predicted_ratio.get(arm),
                                      "error": None if arm not in predicted_ratio else round(
                                          predicted_ratio[arm] / measured_ratio[arm] - 1, 4)}
-                               for arm in measured_ratio}}
+                               for arm in measured_ratio},
+            **_at_static_full_speed(setup, meta, run, costs),
+            **_probed(setup, meta, run, costs)}
 
 
 def compare_file(path: Path, costs: Costs) -> dict[str, Any]:
