@@ -37,6 +37,7 @@ from bench.replay.tables import (
     fidelity_summary_markdown,
     gpu_markdown,
     kv_step_markdown,
+    probe_markdown,
     seeds_markdown,
     targets_markdown,
 )
@@ -115,6 +116,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--gpu", nargs="*", default=[str(RESULTS / "replay-vs-gpu-step16k.json")],
                    metavar="FILE", help="`compare` documents, a row a GPU run "
                    "(default: %(default)s)")
+    t.add_argument("--probes", nargs="*",
+                   default=[str(RESULTS / "h100" / "probe" / "replay-compare.json")],
+                   metavar="FILE", help="`compare` documents of probed GPU runs, an arm a row "
+                   "at each price (default: %(default)s)")
     c = sub.add_parser("compare", help="GPU many-seed runs beside the replay of the same seed")
     c.add_argument("files", nargs="+", help="ladder-seeds.json files of GPU runs")
     c.add_argument("--calibration", default=str(DEFAULT_CALIBRATION))
@@ -188,11 +193,13 @@ def _seeds_table(traces: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tables(fidelity: str, seeds: str, kv_steps: str, gpu: Sequence[str]) -> int:
+def _tables(fidelity: str, seeds: str, kv_steps: str, gpu: Sequence[str],
+            probes: Sequence[str]) -> int:
     docs = {}
     steps = sorted(Path(kv_steps).glob("*.json"))
     for name, path in (("fidelity", fidelity), ("seeds", seeds), *(
-            (f"step {p.name}", str(p)) for p in steps), *((f"gpu {p}", p) for p in gpu)):
+            (f"step {p.name}", str(p)) for p in steps), *((f"gpu {p}", p) for p in gpu),
+            *((f"probes {p}", p) for p in probes)):
         try:
             docs[name] = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
@@ -204,6 +211,7 @@ def _tables(fidelity: str, seeds: str, kv_steps: str, gpu: Sequence[str]) -> int
         tables.append(kv_step_markdown([d for n, d in docs.items()
                                         if n == "seeds" or n.startswith("step ")]))
     tables += [gpu_markdown(d, DEFAULT_ARM) for n, d in docs.items() if n.startswith("gpu ")]
+    tables += [probe_markdown(d) for n, d in docs.items() if n.startswith("probes ")]
     print("\n\n".join(tables))
     return 0
 
@@ -273,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit":
         return fit.main(args.out)
     if args.command == "tables":
-        return _tables(args.fidelity, args.seeds, args.kv_steps, args.gpu)
+        return _tables(args.fidelity, args.seeds, args.kv_steps, args.gpu, args.probes)
     if args.command == "compare":
         return _compare(args.files, args.calibration, args.out)
     started = time.perf_counter()

@@ -9,7 +9,11 @@ calibrated on says nothing about the runs it was not. Two predictions per arm:
   a record with no usable decode window is priced at the median speed;
 - `held_out`: the decode and prefill terms refitted without the record being predicted and
   priced at the other records' median speed, so the error is the one a new device call would
-  see (the chunk costs come from transition.json, not from any ladder record, and stay).
+  see (the chunk costs come from transition.json, not from any ladder record, and stay);
+- `held_out_at_static_full_speed`: the same refit, priced at the speed the record's own
+  static-full arm decoded at, and compared on its other arms: what the replay predicts when
+  told only the call's speed on work no policy touches (static-full runs no daemon and never
+  rebuilds; it ran first in each call, so a call whose speed moved after it shows).
 
 An arm the replay cannot finish (`VirtualTimeExceeded`: a request left waiting for pages no
 rung gives back) is reported `stalled`: the two records measured before the forwarded-demand
@@ -37,6 +41,7 @@ from typing import Any
 
 from bench.replay.calibration import Costs, Parameter
 from bench.replay.fit import decode_fit, h200_parameters
+from bench.replay.probe import window_request_s
 from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.vloop import VirtualTimeExceeded
 
@@ -146,6 +151,25 @@ def _summary(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                           for e in entries for d in e["discordant"])}
 
 
+_KINDS = ("in_sample", "held_out", "held_out_at_static_full_speed")
+
+
+def _at_static_full_speed(name: str, run: Mapping[str, Any], refit: Costs) -> dict[str, Any]:
+    """The record's other arms, held out, priced at the speed its static-full arm decoded at
+    (`window_request_s`: its windows solved for the per-request cost, the refit's other costs
+    held): the error of a replay told only the call's speed on work no policy touches. {} for
+    a record without a usable static-full window."""
+    rows = run["per_request"].get("static-full")
+    request_s = None if rows is None else window_request_s(rows, refit)
+    if request_s is None:
+        return {}
+    arms = {a: m for a, m in run["arms"].items() if a != "static-full"}
+    predicted = _replay_arms(name, dataclasses.replace(refit, request_s=request_s))
+    return {"static_full_request_s": request_s,
+            "held_out_at_static_full_speed": record_fidelity(
+                {a: p for a, p in predicted.items() if a in arms}, arms)}
+
+
 def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
                  held_out: bool = True) -> dict[str, Any]:
     """Every record in `names` (all by default) replayed, in sample and (with `held_out`)
@@ -162,11 +186,12 @@ def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
         if held_out:
             refit = _costs(h200_parameters(records=[r for r in RECORDS if r != name]))
             entry["held_out"] = record_fidelity(_replay_arms(name, refit), run["arms"])
+            entry.update(_at_static_full_speed(name, run, refit))
         out[name] = entry
     summary = {
-        group: {kind: _summary([e[kind] for n, e in out.items()
-                                if group == "all" or RECORDS[n].group == group])
-                for kind in ("in_sample", "held_out") if all(kind in e for e in out.values())}
+        group: {kind: _summary([e[kind] for n, e in out.items() if kind in e
+                                and (group == "all" or RECORDS[n].group == group)])
+                for kind in _KINDS if any(kind in e for e in out.values())}
         for group in ("all", *dict.fromkeys(RECORDS[n].group for n in out))}
     return {"records": out, "summary": summary,
             "device_repeatability": device_repeatability(names)}

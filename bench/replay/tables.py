@@ -15,7 +15,7 @@ from typing import Any
 from bench.seeds import FREETOKEN
 
 __all__ = ["fidelity_markdown", "fidelity_summary_markdown", "gpu_markdown",
-           "kv_step_markdown", "seeds_markdown", "targets_markdown"]
+           "kv_step_markdown", "probe_markdown", "seeds_markdown", "targets_markdown"]
 
 
 def _pct(value: float) -> str:
@@ -49,6 +49,7 @@ def _within(summary: Mapping[str, Any]) -> str:
             f"{summary['max_abs_error']:.1%}".replace("%", " %"))
 
 
+_FIDELITY_KINDS = ("in_sample", "held_out", "held_out_at_static_full_speed")
 _GROUPS = {"ladder_records": "H200 ladder records", "seed_runs": "per-seed runs",
            "all": "all records"}
 
@@ -57,16 +58,17 @@ def fidelity_summary_markdown(doc: Mapping[str, Any]) -> str:
     """Per record: its arms within 10 % and the largest error, in sample and held out; then
     each group's totals, with the arm pairs ordered otherwise that the device measured more
     than 5 % apart."""
-    lines = ["| record | in sample: arms within 10 %, max error | held out | speed (ms per "
-             "request) |", "|---|---|---|---:|"]
+    lines = ["| record | in sample: arms within 10 %, max error | held out | held out, at "
+             "static-full's speed (its other arms) | speed (ms per request): fitted, "
+             "static-full's |", "|---|---|---|---|---:|"]
     for name, entry in doc["records"].items():
-        held = entry.get("held_out")
-        lines.append(f"| {name} | {_within(entry['in_sample'])} | "
-                     f"{_within(held) if held else '-'} | "
-                     f"{entry['request_s'] * 1e3:.2f} |")
+        cells = [_within(got) if (got := entry.get(kind)) else "-" for kind in _FIDELITY_KINDS]
+        own = entry.get("static_full_request_s")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {entry['request_s'] * 1e3:.2f}, "
+                     + ("-" if own is None else f"{own * 1e3:.2f}") + " |")
     for group, kinds in doc["summary"].items():
         cells = [f"**{_within(s)}**, {s['discordant_pairs_clear']} clear swaps"
-                 for s in kinds.values()]
+                 if (s := kinds.get(kind)) else "-" for kind in _FIDELITY_KINDS]
         lines.append(f"| **{_GROUPS[group]}** | " + " | ".join(cells) + " | |")
     return "\n".join(lines)
 
@@ -151,4 +153,33 @@ def gpu_markdown(doc: Mapping[str, Any], default_arm: str) -> str:
         lines.append(f"| {run['trace']} seed {run['seed']} | {run['kv_step_tokens'] // 1024}k | "
                      + " | ".join(measured) + f" | {ratio['measured']:.3f} | "
                      f"{ratio['predicted']:.3f} | {worst:.1%} |".replace("%", " %"))
+    return "\n".join(lines)
+
+
+_PROBE_PRICES = ("tps", "tps_at_static_full_speed", "tps_at_call_probe", "tps_at_arm_probes")
+
+
+def probe_markdown(doc: Mapping[str, Any]) -> str:
+    """A `compare` document of probed GPU runs: per run, its probes' per-request cost in order
+    (fixed work: the call's drift); per arm, measured tok/s and hit rate (the replay's), and
+    the tok/s error at each price: the profile's speed, static-full's, the call's probes',
+    the arm's own probes'."""
+    lines = ["| run | arm | measured tok/s | hit rate (replay) | at the profile's speed | at "
+             "static-full's | at the call's probes | at its own probes |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for run in doc["runs"].values():
+        if "probe" not in run:
+            continue
+        probe = run["probe"]
+        speeds = ", ".join(f"{s * 1e3:.1f}" for s in probe["request_s"])
+        lines.append(f"| {run['trace']} seed {run['seed']} | probes, ms a request | {speeds} "
+                     f"| spread {probe['spread']:.1%} | | | | |".replace("%", " %"))
+        for arm, row in run["tps"]["arms"].items():
+            if "error" not in row:
+                continue
+            cells = [_pct(got["error"]) if (got := run.get(key, {}).get("arms", {}).get(
+                arm, {})).get("error") is not None else "-" for key in _PROBE_PRICES]
+            lines.append(f"| | {arm} | {row['measured_tps']:.1f} | "
+                         f"{row['measured_hit_rate']:.3f} ({row['predicted_hit_rate']:.3f}) | "
+                         + " | ".join(cells) + " |")
     return "\n".join(lines)

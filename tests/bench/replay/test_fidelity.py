@@ -11,7 +11,7 @@ import pytest
 
 from bench.policy_arms import DEFAULT_ARM
 from bench.replay.calibration import DEFAULT_CALIBRATION, load_profile
-from bench.replay.fidelity import device_repeatability, record_fidelity
+from bench.replay.fidelity import device_repeatability, fidelity_doc, record_fidelity
 from bench.replay.fit import decode_fit
 from bench.replay.records import RECORDS, load_record, record_options, replay_record
 from bench.replay.tables import (
@@ -116,3 +116,17 @@ def test_the_held_out_gpu_table_is_the_file() -> None:
     table = gpu_markdown(doc, DEFAULT_ARM)
     assert table.count("\n") == len(files) + 1
     assert table in (ROOT / "docs" / "results.md").read_text()
+
+
+def test_a_record_held_out_is_also_priced_at_its_static_full_arms_speed() -> None:
+    """Static-full's windows give the call's speed; its other arms are then predicted with the
+    record left out of the fit (H100 mixed seed 2: each within 10 % at that speed)."""
+    costs, _ = load_profile(DEFAULT_CALIBRATION, "h200-bench")
+    doc = fidelity_doc(costs, ["h100/mixed-2"])
+    entry = doc["records"]["h100/mixed-2"]
+    at_speed = entry["held_out_at_static_full_speed"]
+    _, _, run = load_record("h100/mixed-2")
+    assert set(at_speed["arms"]) == set(run["arms"]) - {"static-full"}
+    assert at_speed["arms_within_10pct"] == at_speed["arms_compared"] == 5
+    summary = doc["summary"]["seed_runs"]["held_out_at_static_full_speed"]
+    assert summary["arms_compared"] == 5
