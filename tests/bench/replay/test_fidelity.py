@@ -19,6 +19,7 @@ from bench.replay.tables import (
     fidelity_summary_markdown,
     gpu_markdown,
     kv_step_markdown,
+    probe_markdown,
     seeds_markdown,
     targets_markdown,
 )
@@ -130,3 +131,12 @@ def test_a_record_held_out_is_also_priced_at_its_static_full_arms_speed() -> Non
     assert at_speed["arms_within_10pct"] == at_speed["arms_compared"] == 5
     summary = doc["summary"]["seed_runs"]["held_out_at_static_full_speed"]
     assert summary["arms_compared"] == 5
+
+
+def test_the_probe_table_is_the_file() -> None:
+    """docs/results.md's probed GPU runs: one block a run under bench/results/h100/probe."""
+    doc = json.loads((RESULTS / "h100" / "probe" / "replay-compare.json").read_text())
+    files = sorted((RESULTS / "h100" / "probe").glob("*/ladder-seeds.json"))
+    assert len(doc["runs"]) == len(files) >= 2
+    assert all(len(r["probe"]["request_s"]) == 5 for r in doc["runs"].values())
+    assert probe_markdown(doc) in (ROOT / "docs" / "results.md").read_text()
