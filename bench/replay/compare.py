@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.replay.calibration import Costs
-from bench.replay.fidelity import record_fidelity
-from bench.replay.probe import arm_request_s, probe_summary, window_request_s
+from bench.replay.fidelity import at_static_full_speed, record_fidelity
+from bench.replay.probe import arm_request_s, probe_summary
 from bench.replay.records import RecordSetup, replay_run
 
 __all__ = ["compare_file", "compare_run"]
@@ -53,20 +53,13 @@ def _probed(setup: RecordSetup, meta: Mapping[str, Any], run: Mapping[str, Any],
 
 def _at_static_full_speed(setup: RecordSetup, meta: Mapping[str, Any],
                           run: Mapping[str, Any], costs: Costs) -> dict[str, Any]:
-    """The run's other arms priced at the speed its static-full arm decoded at (solved from
-    its windows as a probe's are): static-full runs no daemon and never rebuilds, so it
-    measures the call like a probe, in every run recorded before the probe existed; it ran
-    first in each call, so a call that drifted after it shows. {} without static-full."""
-    rows = run.get("per_request", {}).get("static-full")
-    request_s = None if rows is None else window_request_s(rows, costs)
-    if request_s is None:
+    """`at_static_full_speed` of the run; {} without static-full."""
+    got = at_static_full_speed(run, costs,
+                               lambda c: replay_run(setup, meta, run, c)["arms"])
+    if got is None:
         return {}
-    arms = [a for a in run["arms"] if a != "static-full"]
-    priced = replay_run(setup, meta, run, replace(costs, request_s=request_s))["arms"]
-    return {"static_full_request_s": round(request_s, 6),
-            "tps_at_static_full_speed": record_fidelity(
-                {a: priced[a] for a in arms if a in priced},
-                {a: run["arms"][a] for a in arms})} if arms else {}
+    request_s, fidelity = got
+    return {"static_full_request_s": round(request_s, 6), "tps_at_static_full_speed": fidelity}
 
 
 def compare_run(run: Mapping[str, Any], meta: Mapping[str, Any], costs: Costs,

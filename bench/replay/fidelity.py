@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bench.replay.calibration import Costs, Parameter
@@ -45,7 +45,7 @@ from bench.replay.probe import window_request_s
 from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.vloop import VirtualTimeExceeded
 
-__all__ = ["device_repeatability", "fidelity_doc", "record_fidelity"]
+__all__ = ["at_static_full_speed", "device_repeatability", "fidelity_doc", "record_fidelity"]
 
 # Arms that run no daemon: the same trace and seed on them is the same work in every call.
 _NO_DAEMON = ("static-full", "static-short")
@@ -154,20 +154,22 @@ def _summary(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 _KINDS = ("in_sample", "held_out", "held_out_at_static_full_speed")
 
 
-def _at_static_full_speed(name: str, run: Mapping[str, Any], refit: Costs) -> dict[str, Any]:
-    """The record's other arms, held out, priced at the speed its static-full arm decoded at
-    (`window_request_s`: its windows solved for the per-request cost, the refit's other costs
-    held): the error of a replay told only the call's speed on work no policy touches. {} for
-    a record without a usable static-full window."""
-    rows = run["per_request"].get("static-full")
-    request_s = None if rows is None else window_request_s(rows, refit)
-    if request_s is None:
-        return {}
+def at_static_full_speed(run: Mapping[str, Any], costs: Costs,
+                         replay: Callable[[Costs], Mapping[str, Any]],
+                         ) -> tuple[float, dict[str, Any]] | None:
+    """`run`'s other arms priced at the speed its static-full arm decoded at: (that per-request
+    cost, solved from its windows as a probe's are with `costs`' other terms held, and the
+    fidelity of `replay(costs at that speed)`'s arms). Static-full runs no daemon and never
+    rebuilds, so it measures the call like a probe, in every run recorded before the probe
+    existed; it ran first in each call, so a call whose speed moved after it shows. None
+    without a usable static-full window or another arm."""
+    rows = run.get("per_request", {}).get("static-full")
+    request_s = None if rows is None else window_request_s(rows, costs)
     arms = {a: m for a, m in run["arms"].items() if a != "static-full"}
-    predicted = _replay_arms(name, dataclasses.replace(refit, request_s=request_s))
-    return {"static_full_request_s": request_s,
-            "held_out_at_static_full_speed": record_fidelity(
-                {a: p for a, p in predicted.items() if a in arms}, arms)}
+    if request_s is None or not arms:
+        return None
+    predicted = replay(dataclasses.replace(costs, request_s=request_s))
+    return request_s, record_fidelity({a: p for a, p in predicted.items() if a in arms}, arms)
 
 
 def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
@@ -186,7 +188,9 @@ def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
         if held_out:
             refit = _costs(h200_parameters(records=[r for r in RECORDS if r != name]))
             entry["held_out"] = record_fidelity(_replay_arms(name, refit), run["arms"])
-            entry.update(_at_static_full_speed(name, run, refit))
+            got = at_static_full_speed(run, refit, lambda c, name=name: _replay_arms(name, c))
+            if got is not None:
+                entry["static_full_request_s"], entry["held_out_at_static_full_speed"] = got
         out[name] = entry
     summary = {
         group: {kind: _summary([e[kind] for n, e in out.items() if kind in e
