@@ -45,7 +45,8 @@ from bench.replay.probe import window_request_s
 from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.vloop import VirtualTimeExceeded
 
-__all__ = ["at_static_full_speed", "device_repeatability", "fidelity_doc", "record_fidelity"]
+__all__ = ["FIDELITY_KINDS", "at_static_full_speed", "device_repeatability", "fidelity_doc",
+           "record_fidelity"]
 
 # Arms that run no daemon: the same trace and seed on them is the same work in every call.
 _NO_DAEMON = ("static-full", "static-short")
@@ -151,7 +152,8 @@ def _summary(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                           for e in entries for d in e["discordant"])}
 
 
-_KINDS = ("in_sample", "held_out", "held_out_at_static_full_speed")
+# The predictions each record gets, in the order the tables show them.
+FIDELITY_KINDS = ("in_sample", "held_out", "held_out_at_static_full_speed")
 
 
 def at_static_full_speed(run: Mapping[str, Any], costs: Costs,
@@ -195,7 +197,7 @@ def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
     summary = {
         group: {kind: _summary([e[kind] for n, e in out.items() if kind in e
                                 and (group == "all" or RECORDS[n].group == group)])
-                for kind in _KINDS if any(kind in e for e in out.values())}
+                for kind in FIDELITY_KINDS if any(kind in e for e in out.values())}
         for group in ("all", *dict.fromkeys(RECORDS[n].group for n in out))}
     return {"records": out, "summary": summary,
             "device_repeatability": device_repeatability(names)}

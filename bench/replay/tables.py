@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench.replay.fidelity import FIDELITY_KINDS
 from bench.seeds import FREETOKEN
 
 __all__ = ["fidelity_markdown", "fidelity_summary_markdown", "gpu_markdown",
@@ -49,7 +50,6 @@ def _within(summary: Mapping[str, Any]) -> str:
             f"{summary['max_abs_error']:.1%}".replace("%", " %"))
 
 
-_FIDELITY_KINDS = ("in_sample", "held_out", "held_out_at_static_full_speed")
 _GROUPS = {"ladder_records": "H200 ladder records", "seed_runs": "per-seed runs",
            "all": "all records"}
 
@@ -62,13 +62,13 @@ def fidelity_summary_markdown(doc: Mapping[str, Any]) -> str:
              "static-full's speed (its other arms) | speed (ms per request): fitted, "
              "static-full's |", "|---|---|---|---|---:|"]
     for name, entry in doc["records"].items():
-        cells = [_within(got) if (got := entry.get(kind)) else "-" for kind in _FIDELITY_KINDS]
+        cells = [_within(got) if (got := entry.get(kind)) else "-" for kind in FIDELITY_KINDS]
         own = entry.get("static_full_request_s")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {entry['request_s'] * 1e3:.2f}, "
                      + ("-" if own is None else f"{own * 1e3:.2f}") + " |")
     for group, kinds in doc["summary"].items():
         cells = [f"**{_within(s)}**, {s['discordant_pairs_clear']} clear swaps"
-                 if (s := kinds.get(kind)) else "-" for kind in _FIDELITY_KINDS]
+                 if (s := kinds.get(kind)) else "-" for kind in FIDELITY_KINDS]
         lines.append(f"| **{_GROUPS[group]}** | " + " | ".join(cells) + " | |")
     return "\n".join(lines)
 
