@@ -22,7 +22,9 @@
 #                   moe-ladder arms' ladder step (default the daemon's); PASSES=2 runs the
 #                   arms twice in a row (A B A B), so a ratio's spread within the call shows;
 #                   the speed probe (bench/probe.py) runs before every arm and after the last
-#                   unless PROBE=0
+#                   unless PROBE=0; PIN_CPU=N runs the bench on host CPU N only (taskset), to
+#                   test whether the host's two decode speeds (docs/results.md) follow the
+#                   process moving between CPUs
 # Each step is bounded by its SECONDS (defaults below) and a failing step does not stop the
 # next; its exit status and duration land in $OUT/env.txt. At most 8 files come back from a
 # device call: each step writes one JSON and one log (policy steps a PNG too). The files keep
@@ -45,6 +47,7 @@ export PYTHONPATH=.:/tmp/site
   # What might set this call's speed (docs/results.md: calls ran up to 1.3x apart): the host's
   # CPU, its load, and the GPU's clocks and power state now.
   grep -m1 'model name' /proc/cpuinfo; uptime
+  lscpu | grep -E '^(Thread|Core|Socket|NUMA node)' || true
   nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu,pstate \
     --format=csv
 } >> "$OUT/env.txt" 2>&1  # appended: one call may run this script more than once
@@ -98,7 +101,9 @@ step() {  # step NAME SECONDS: run one named step, bounded
       local resume=()
       [ -n "$RESUME" ] && [ -f "$RESUME/ladder-seeds.json" ] && \
         resume=(--resume "$RESUME/ladder-seeds.json")
-      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" python3 bench/policy_bench.py \
+      # shellcheck disable=SC2086  # PIN_CPU=N: taskset -c N, three words
+      PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE timeout -k 10 "$limit" \
+        ${PIN_CPU:+taskset -c "$PIN_CPU"} python3 bench/policy_bench.py \
         --device cuda --trace "$TRACES" --seeds "$SEEDS" --requests "$REQUESTS" \
         --output-scale 8 --arms "$SEED_ARMS" ${KV_STEP:+--kv-step "$KV_STEP"} \
         --passes "${PASSES:-1}" $([ "${PROBE:-1}" = 0 ] && echo --no-probe) "${resume[@]}" \

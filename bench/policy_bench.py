@@ -9,7 +9,8 @@ the ratios, the targets and the miss model with bench/policy_report.py.
 
 On the GPU (`--probe`, the default there) the speed probe of bench/probe.py runs before every
 arm and after the last, into the run's `probes`: the call's own speed on fixed work, which
-`python -m bench.replay compare` prices the arms at.
+`python -m bench.replay compare` prices the arms at, and what the host and the card did
+meanwhile (bench/host_state.py).
 
 A trace whose arms outlast one 10-minute device call goes on in the next with `--resume`,
 which keeps the arms already measured; `--seeds` runs every trace on several seeds and sums
@@ -48,6 +49,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/policy_bench.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.host_state import host_during, take_sample
 from bench.oracle import PRICED_ARMS, oracle_plan
 from bench.output import report_json
 from bench.policy_arms import (
@@ -135,10 +137,15 @@ async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchO
             torch.cuda.empty_cache()
         return result
 
+    gpu_index = (torch.device(config.device).index or 0) if opts.device.startswith(
+        "cuda") else None
+
     async def probe(before: str | None) -> None:
         at_s = time.perf_counter() - started
+        start = take_sample(gpu_index)
         result = await run_one(PROBE, probe_trace(opts.tokens(PROBE_PROMPT_TOKENS)))
-        probes.append(probe_record(result, before, at_s))
+        probes.append(probe_record(result, before, at_s,
+                                   host_during(start, take_sample(gpu_index))))
 
     run = doc()
     todo = [a for a in sorted(opts.arms, key=lambda a: a == "oracle") if a not in run["arms"]]
@@ -160,12 +167,15 @@ async def _run_arms(trace_kind: str, trace: Sequence[TraceRequest], opts: BenchO
     return run
 
 
-def probe_record(result: ArmResult, before: str | None, at_s: float) -> dict[str, Any]:
+def probe_record(result: ArmResult, before: str | None, at_s: float,
+                 host: dict[str, Any] | None) -> dict[str, Any]:
     """One probe as the run keeps it: which arm it ran before (None: after the last), when
-    (seconds into this call's trace), its summary and its requests."""
+    (seconds into this call's trace), its summary, what the host and card did meanwhile
+    (bench/host_state.py) and its requests."""
     agg = result.aggregate()
     return {"before": before, "at_s": round(at_s, 2),
             **{k: agg[k] for k in ("served", "decode_tps", "hit_rate", "wall_s")},
+            "host": host,
             "per_request": [row.to_json() for row in result.rows]}
 
 

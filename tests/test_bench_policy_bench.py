@@ -151,6 +151,8 @@ def test_the_probe_runs_before_every_arm_and_after_the_last(tmp_path: Path) -> N
     assert set(run["arms"]) == {"static-full", "oracle"}
     for probe in run["probes"]:
         assert probe["served"] == 4 and probe["decode_tps"] > 0
+        # What the host did meanwhile; no card on the CPU, so no card readings.
+        assert probe["host"]["process_cores"] > 0 and probe["host"]["gpu_end"] is None
         rows = probe["per_request"]
         assert [r["prompt_tokens"] for r in rows] == [round(2048 / 36)] * 4  # --scale 36
         assert all(r["completion_tokens"] == PROBE_MAX_TOKENS for r in rows)

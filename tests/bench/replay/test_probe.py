@@ -33,7 +33,7 @@ def replayed_probe(costs: Costs, before: str | None) -> dict:
     world = World("probe", SPEC, costs)
     result = run_virtual(replay_arm(PROBE, probe_trace(PROBE_PROMPT_TOKENS), OPTS, world,
                                     RoutingBank(SPEC.routing, 0)))
-    return probe_record(result, before, 0.0)
+    return probe_record(result, before, 0.0, None)
 
 
 @pytest.mark.parametrize("speed", [0.6, 1.0, 1.5])
