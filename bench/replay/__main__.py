@@ -8,9 +8,11 @@
   the targets (bench/results/replay-seeds.json); `--kv-step` replays the moe-ladder arms on
   another ladder step (bench/results/replay-kv-step/STEP.json);
 - `tables`: the Markdown tables of the README and docs/results.md, from those files (the
-  fidelity summary, the full fidelity table, the many-seed ratios, the targets, the steps);
+  fidelity summary, the full fidelity table, the many-seed ratios, the targets, the steps,
+  the GPU runs, the probed calls and their arms run twice);
 - `compare FILE...`: GPU many-seed files (bench/gpu_run.sh policy_seeds) beside the replay of
-  the same trace and seed (bench/results/replay-vs-gpu.json).
+  the same trace and seed (bench/results/replay-vs-gpu.json), with each arm's share of decode
+  rounds in the host's slow state and, for a call that ran its arms twice, the pairs.
 
 Each writes its JSON document and prints a short table; `--json` prints the document instead.
 """
@@ -37,6 +39,7 @@ from bench.replay.tables import (
     fidelity_summary_markdown,
     gpu_markdown,
     kv_step_markdown,
+    passes_markdown,
     probe_markdown,
     seeds_markdown,
     targets_markdown,
@@ -119,7 +122,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--probes", nargs="*",
                    default=[str(RESULTS / "h100" / "probe" / "replay-compare.json")],
                    metavar="FILE", help="`compare` documents of probed GPU runs, an arm a row "
-                   "at each price (default: %(default)s)")
+                   "at each price, and an arm run twice in one call (--passes 2) a row "
+                   "(default: %(default)s)")
     c = sub.add_parser("compare", help="GPU many-seed runs beside the replay of the same seed")
     c.add_argument("files", nargs="+", help="ladder-seeds.json files of GPU runs")
     c.add_argument("--calibration", default=str(DEFAULT_CALIBRATION))
@@ -211,7 +215,11 @@ def _tables(fidelity: str, seeds: str, kv_steps: str, gpu: Sequence[str],
         tables.append(kv_step_markdown([d for n, d in docs.items()
                                         if n == "seeds" or n.startswith("step ")]))
     tables += [gpu_markdown(d, DEFAULT_ARM) for n, d in docs.items() if n.startswith("gpu ")]
-    tables += [probe_markdown(d) for n, d in docs.items() if n.startswith("probes ")]
+    for name, doc in docs.items():
+        if name.startswith("probes "):
+            tables.append(probe_markdown(doc))
+            if doc.get("passes"):
+                tables.append(passes_markdown(doc))
     print("\n\n".join(tables))
     return 0
 
@@ -226,11 +234,13 @@ def _within(runs: Iterable[Mapping[str, Any]], key: str) -> dict[str, Any]:
     got = [r[key] for r in runs if key in r]
     return {"runs": len(got), "arms_within_10pct": sum(g["arms_within_10pct"] for g in got),
             "arms_compared": sum(g["arms_compared"] for g in got),
-            "max_abs_error": max((g["max_abs_error"] for g in got), default=None)}
+            "max_abs_error": max((g["max_abs_error"] for g in got), default=None),
+            "arms_with_interval": sum(g.get("arms_with_interval", 0) for g in got),
+            "arms_inside_noise": sum(g.get("arms_inside_noise", 0) for g in got)}
 
 
 def _compare(files: Sequence[str], calibration: str, out: str) -> int:
-    from bench.replay.compare import compare_file
+    from bench.replay.compare import compare_file, pass_pairs
 
     try:
         costs, _ = load_profile(calibration, "h200-bench")
@@ -247,6 +257,7 @@ def _compare(files: Sequence[str], calibration: str, out: str) -> int:
         doc["runs"].update({f"{_shown(path)}:{key}": r for key, r in runs.items()})
     doc["summary"] = summary = {doc_key: _within(doc["runs"].values(), doc_key)
                                 for doc_key, _ in _PRICES}
+    doc["passes"] = pass_pairs(doc["runs"])
     report_json(doc, out, indent=1, emit=None)
     for key, r in doc["runs"].items():
         probe = r.get("probe")
@@ -271,7 +282,11 @@ def _compare(files: Sequence[str], calibration: str, out: str) -> int:
         got = summary[doc_key]
         if got["arms_compared"]:
             print(f"at {label}: {got['arms_within_10pct']} of {got['arms_compared']} arms "
-                  f"within 10 %, max {got['max_abs_error']:.1%}")
+                  f"within 10 %, max {got['max_abs_error']:.1%}; {got['arms_inside_noise']} of "
+                  f"{got['arms_with_interval']} inside their requests' noise")
+    for pair in doc["passes"]:
+        print(f"{pair['run']} {pair['arm']}: pass 2 / pass 1 {pair['measured']:.3f} measured, "
+              f"{pair['at_arm_probes']} at its probes, {pair['at_call_probe']} at the call's")
     print(f"wrote {out}")
     return 0
 

@@ -8,7 +8,10 @@ carries the device call's own speed, while the profile prices the median record'
 ratio to static-full in the same run (which cancels a call's common speed, and is what the
 targets are made of). Two more prices take the call's own speed from work no policy touches:
 the speed its static-full arm decoded at (every run has one), and, for a run that probed its
-call (bench/probe.py), the probes' speed, the call's and each arm's.
+call (bench/probe.py), the probes' speed, the call's and each arm's. A run whose engine
+reported its decode rounds also gets each arm's share of rounds in the host's slow state
+(bench/replay/states.py), and a call that ran every arm twice (`--passes 2`) the pairs of
+`pass_pairs`.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.replay.calibration import Costs
-from bench.replay.fidelity import at_static_full_speed, record_fidelity
+from bench.replay.fidelity import at_static_full_speed, run_fidelity
 from bench.replay.probe import arm_request_s, probe_summary
 from bench.replay.records import RecordSetup, replay_run
+from bench.replay.states import speed_states
 
-__all__ = ["compare_file", "compare_run"]
+__all__ = ["compare_file", "compare_run", "pass_pairs"]
 
 
 def _vs_static_full(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
@@ -41,21 +45,21 @@ def _probed(setup: RecordSetup, meta: Mapping[str, Any], run: Mapping[str, Any],
     if summary is None:
         return {}
     call = replay_run(setup, meta, run, replace(costs, request_s=summary["call_request_s"]))
-    by_arm = {}
+    by_arm: dict[str, Any] = {"arms": {}, "per_request": {}}
     for arm, request_s in arm_request_s(run, costs).items():
         # The oracle is priced by the other arms' replays, so it is replayed with them.
         arms = None if arm == "oracle" else [arm]
-        by_arm[arm] = replay_run(setup, meta, run, replace(costs, request_s=request_s),
-                                 arms)["arms"][arm]
-    return {"probe": summary, "tps_at_call_probe": record_fidelity(call["arms"], run["arms"]),
-            "tps_at_arm_probes": record_fidelity(by_arm, {a: run["arms"][a] for a in by_arm})}
+        one = replay_run(setup, meta, run, replace(costs, request_s=request_s), arms)
+        for key in by_arm:
+            by_arm[key][arm] = one[key][arm]
+    return {"probe": summary, "tps_at_call_probe": run_fidelity(call, run),
+            "tps_at_arm_probes": run_fidelity(by_arm, run, by_arm["arms"])}
 
 
 def _at_static_full_speed(setup: RecordSetup, meta: Mapping[str, Any],
                           run: Mapping[str, Any], costs: Costs) -> dict[str, Any]:
     """`at_static_full_speed` of the run; {} without static-full."""
-    got = at_static_full_speed(run, costs,
-                               lambda c: replay_run(setup, meta, run, c)["arms"])
+    got = at_static_full_speed(run, costs, lambda c: replay_run(setup, meta, run, c))
     if got is None:
         return {}
     request_s, fidelity = got
@@ -67,20 +71,54 @@ def compare_run(run: Mapping[str, Any], meta: Mapping[str, Any], costs: Costs,
     """One run of today's bench (its code: `RecordSetup`'s defaults) beside its replay: at the
     profile's speed and, where the run probed its call, at the probes' (`_probed`)."""
     setup = RecordSetup(file="")
-    predicted = replay_run(setup, meta, run, costs)["arms"]
+    replayed = replay_run(setup, meta, run, costs)
+    predicted = replayed["arms"]
     measured_ratio, predicted_ratio = _vs_static_full(run["arms"]), _vs_static_full(predicted)
     return {"trace": run["trace"], "seed": run["seed"], "requests": run["requests"],
             "kv_step_tokens": meta.get("kv_step_tokens", setup.kv_step_tokens),
-            "tps": record_fidelity(predicted, run["arms"]),
+            "tps": run_fidelity(replayed, run),
             "vs_static_full": {arm: {"measured": measured_ratio[arm],
                                      "predicted": predicted_ratio.get(arm),
                                      "error": None if arm not in predicted_ratio else round(
                                          predicted_ratio[arm] / measured_ratio[arm] - 1, 4)}
                                for arm in measured_ratio},
             **_at_static_full_speed(setup, meta, run, costs),
-            **_probed(setup, meta, run, costs)}
+            **_probed(setup, meta, run, costs),
+            **({"speed_states": states} if (states := speed_states(run, costs)) else {})}
 
 
 def compare_file(path: Path, costs: Costs) -> dict[str, Any]:
     doc = json.loads(path.read_text())
     return {key: compare_run(run, doc["meta"], costs) for key, run in doc["runs"].items()}
+
+
+def _predicted_ratio(later: Mapping[str, Any], earlier: Mapping[str, Any], price: str,
+                     arm: str) -> float | None:
+    """`arm`'s predicted tok/s in `later` over `earlier`, both priced as `price` says."""
+    got = [r.get(price, {}).get("arms", {}).get(arm, {}).get("predicted_tps")
+           for r in (later, earlier)]
+    return None if None in got else round(got[0] / got[1], 4)
+
+
+def pass_pairs(runs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each arm a probed call ran twice (`--passes 2`: A B A B): its second pass's decode
+    tokens/s over its first's, measured, and as the replay predicts it priced at the arm's
+    own probes and at the call's. The same work on the same code, so a measured ratio off 1
+    is the device's drift, and the probes are worth pricing an arm at only if the ratio at
+    the arm's probes follows the measured one closer than 1 does."""
+    out = []
+    for key, first in runs.items():
+        second = runs.get(f"{key}/pass2")
+        if second is None or "probe" not in first or "probe" not in second:
+            continue
+        for arm, row in first["tps"]["arms"].items():
+            again = second["tps"]["arms"].get(arm, {})
+            if "error" not in row or "error" not in again:
+                continue
+            out.append({"run": key, "arm": arm,
+                        "measured": round(again["measured_tps"] / row["measured_tps"], 4),
+                        "at_arm_probes": _predicted_ratio(second, first, "tps_at_arm_probes",
+                                                          arm),
+                        "at_call_probe": _predicted_ratio(second, first, "tps_at_call_probe",
+                                                          arm)})
+    return out

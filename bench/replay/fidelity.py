@@ -20,6 +20,9 @@ rung gives back) is reported `stalled`: the two records measured before the forw
 fix ran a daemon and engine whose other code is gone, and today's code with only their demand
 accounting put back can deadlock where theirs did not.
 
+Each arm's error also gets the interval its own requests' noise spreads it over
+(bench/replay/noise.py), so an error the noise explains reads apart from a systematic one.
+
 The device's own repeatability bounds both: `device_repeatability` lists the same no-daemon
 work measured twice, across calls (two records of one trace and seed) and within one call
 (static-full beside freetoken-static-full, which never rebuilds either).
@@ -36,17 +39,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from bench.replay.calibration import Costs, Parameter
 from bench.replay.fit import decode_fit, h200_parameters
+from bench.replay.noise import error_interval
 from bench.replay.probe import window_request_s
 from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.vloop import VirtualTimeExceeded
 
 __all__ = ["FIDELITY_KINDS", "at_static_full_speed", "device_repeatability", "fidelity_doc",
-           "record_fidelity"]
+           "record_fidelity", "run_fidelity"]
 
 # Arms that run no daemon: the same trace and seed on them is the same work in every call.
 _NO_DAEMON = ("static-full", "static-short")
@@ -63,9 +67,14 @@ def _order(tps: Mapping[str, float]) -> list[str]:
 
 
 def record_fidelity(predicted: Mapping[str, Mapping[str, Any]],
-                    measured: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+                    measured: Mapping[str, Mapping[str, Any]], *,
+                    predicted_rows: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                    measured_rows: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                    ) -> dict[str, Any]:
     """Per arm: measured and predicted decode tokens/s, the relative error, hit rates and
-    served counts; the two orders and the pairs they disagree on."""
+    served counts, and, given both arms' per-request rows, the interval the error spreads
+    over on its requests' noise (bench/replay/noise.py); the two orders and the pairs they
+    disagree on."""
     arms: dict[str, Any] = {}
     m_tps: dict[str, float] = {}
     p_tps: dict[str, float] = {}
@@ -80,6 +89,11 @@ def record_fidelity(predicted: Mapping[str, Mapping[str, Any]],
             row.update(measured_tps=m["decode_tps"], predicted_tps=p["decode_tps"],
                        error=round(p["decode_tps"] / m["decode_tps"] - 1, 4),
                        measured_hit_rate=m["hit_rate"], predicted_hit_rate=p["hit_rate"])
+            m_rows, p_rows = (measured_rows or {}).get(arm), (predicted_rows or {}).get(arm)
+            if m_rows is not None and p_rows is not None:
+                interval = error_interval(m_rows, p_rows)
+                if interval is not None:
+                    row["error_ci95"] = interval
         arms[arm] = row
     discordant = [
         {"pair": [a, b], "measured_gap": round(m_tps[a] / m_tps[b] - 1, 4),
@@ -87,25 +101,40 @@ def record_fidelity(predicted: Mapping[str, Mapping[str, Any]],
         for a, b in itertools.combinations(_order(m_tps), 2) if p_tps[a] < p_tps[b]]
     errors = [abs(r["error"]) for r in arms.values() if "error" in r]
     rows = [r for r in arms.values() if not r.get("stalled")]
+    intervals = [r["error_ci95"] for r in arms.values() if "error_ci95" in r]
     return {"arms": arms,
             "measured_order": _order(m_tps), "predicted_order": _order(p_tps),
             "discordant": discordant, "max_abs_error": max(errors),
             "arms_within_10pct": sum(e <= 0.10 for e in errors), "arms_compared": len(errors),
+            **({"arms_with_interval": len(intervals),
+                "arms_inside_noise": sum(lo <= 0 <= hi for lo, hi in intervals)}
+               if intervals else {}),
             "served_match": all(r["measured_served"] == r["predicted_served"] for r in rows),
             "stalled": [arm for arm, r in arms.items() if r.get("stalled")]}
 
 
+def run_fidelity(predicted: Mapping[str, Any], measured: Mapping[str, Any],
+                 arms: Collection[str] | None = None) -> dict[str, Any]:
+    """`record_fidelity` of a replay and the record it replays (each with its `arms` and
+    `per_request`), on the measured arms in `arms` (all by default)."""
+    compared = {a: m for a, m in measured["arms"].items() if arms is None or a in arms}
+    return record_fidelity(predicted["arms"], compared,
+                           predicted_rows=predicted.get("per_request"),
+                           measured_rows=measured.get("per_request"))
+
+
 def _replay_arms(name: str, costs: Costs) -> dict[str, Any]:
-    """Each arm's summary. A record whose oracle was priced by its other arms is replayed
-    whole; the others arm by arm, so a stalled arm is left out and no other with it."""
-    arms = load_record(name)[2]["arms"]
+    """Each arm's summary and requests. A record whose oracle was priced by its other arms is
+    replayed whole; the others arm by arm, so a stalled arm is left out and no other with
+    it."""
     if RECORDS[name].priced_oracle:
-        whole: dict[str, Any] = replay_record(name, costs)["arms"]
-        return whole
-    out = {}
-    for arm in arms:
+        return replay_record(name, costs)
+    out: dict[str, Any] = {"arms": {}, "per_request": {}}
+    for arm in load_record(name)[2]["arms"]:
         with contextlib.suppress(VirtualTimeExceeded):
-            out[arm] = replay_record(name, costs, [arm])["arms"][arm]
+            one = replay_record(name, costs, [arm])
+            for key in out:
+                out[key][arm] = one[key][arm]
     return out
 
 
@@ -148,6 +177,8 @@ def _summary(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "arms_within_10pct": sum(e["arms_within_10pct"] for e in entries),
             "arms_compared": sum(e["arms_compared"] for e in entries),
             "discordant_pairs": sum(len(e["discordant"]) for e in entries),
+            "arms_with_interval": sum(e.get("arms_with_interval", 0) for e in entries),
+            "arms_inside_noise": sum(e.get("arms_inside_noise", 0) for e in entries),
             "discordant_pairs_clear": sum(abs(d["measured_gap"]) > _CLEAR_GAP
                                           for e in entries for d in e["discordant"])}
 
@@ -161,9 +192,9 @@ def at_static_full_speed(run: Mapping[str, Any], costs: Costs,
                          ) -> tuple[float, dict[str, Any]] | None:
     """`run`'s other arms priced at the speed its static-full arm decoded at: (that per-request
     cost, solved from its windows as a probe's are with `costs`' other terms held, and the
-    fidelity of `replay(costs at that speed)`'s arms). Static-full runs no daemon and never
-    rebuilds, so it measures the call like a probe, in every run recorded before the probe
-    existed; it ran first in each call, so a call whose speed moved after it shows. None
+    fidelity of the replay `replay(costs at that speed)` gives). Static-full runs no daemon
+    and never rebuilds, so it measures the call like a probe, in every run recorded before
+    the probe existed; it ran first in each call, so a call whose speed moved after it shows. None
     without a usable static-full window or another arm."""
     rows = run.get("per_request", {}).get("static-full")
     request_s = None if rows is None else window_request_s(rows, costs)
@@ -171,7 +202,7 @@ def at_static_full_speed(run: Mapping[str, Any], costs: Costs,
     if request_s is None or not arms:
         return None
     predicted = replay(dataclasses.replace(costs, request_s=request_s))
-    return request_s, record_fidelity({a: p for a, p in predicted.items() if a in arms}, arms)
+    return request_s, run_fidelity(predicted, run, arms)
 
 
 def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
@@ -186,10 +217,10 @@ def fidelity_doc(costs: Costs, names: Sequence[str] | None = None, *,
         entry: dict[str, Any] = {
             "record": RECORDS[name].file, "note": RECORDS[name].note,
             "request_s": own.request_s,
-            "in_sample": record_fidelity(_replay_arms(name, own), run["arms"])}
+            "in_sample": run_fidelity(_replay_arms(name, own), run)}
         if held_out:
             refit = _costs(h200_parameters(records=[r for r in RECORDS if r != name]))
-            entry["held_out"] = record_fidelity(_replay_arms(name, refit), run["arms"])
+            entry["held_out"] = run_fidelity(_replay_arms(name, refit), run)
             got = at_static_full_speed(run, refit, lambda c, name=name: _replay_arms(name, c))
             if got is not None:
                 entry["static_full_request_s"], entry["held_out_at_static_full_speed"] = got

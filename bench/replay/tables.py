@@ -16,32 +16,43 @@ from bench.replay.fidelity import FIDELITY_KINDS
 from bench.seeds import FREETOKEN
 
 __all__ = ["fidelity_markdown", "fidelity_summary_markdown", "gpu_markdown",
-           "kv_step_markdown", "probe_markdown", "seeds_markdown", "targets_markdown"]
+           "kv_step_markdown", "passes_markdown", "probe_markdown", "seeds_markdown",
+           "targets_markdown"]
 
 
 def _pct(value: float) -> str:
     return f"{value:+.1%}".replace("%", " %")
 
 
+def _interval(row: Mapping[str, Any]) -> str:
+    """An arm's error interval on its requests' noise (bench/replay/noise.py); "-" without."""
+    if "error_ci95" not in row:
+        return "-"
+    low, high = row["error_ci95"]
+    return f"{low:+.1%} to {high:+.1%}".replace("%", " %")
+
+
 def fidelity_markdown(doc: Mapping[str, Any]) -> str:
-    """Per record and arm: measured decode tok/s, the in-sample and held-out predictions and
-    their errors; then the totals and the device's own A/A spread."""
-    lines = ["| record | arm | measured | in sample | error | held out | error |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    """Per record and arm: measured decode tok/s, the in-sample prediction, its error and the
+    interval its requests' noise spreads that error over, and the held-out prediction and its
+    error."""
+    lines = ["| record | arm | measured | in sample | error | on its requests' noise, 95 % | "
+             "held out | error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, entry in doc["records"].items():
         held = entry.get("held_out", {}).get("arms", {})
         for arm, r in entry["in_sample"]["arms"].items():
             if r.get("stalled"):
-                lines.append(f"| {name} | {arm} | {r['measured_tps']:.1f} | stalled | | | |")
+                lines.append(f"| {name} | {arm} | {r['measured_tps']:.1f} | stalled | | | | |")
             elif "error" not in r:
                 lines.append(f"| {name} | {arm} | served {r['measured_served']} | served "
-                             f"{r['predicted_served']} | | | |")
+                             f"{r['predicted_served']} | | | | |")
             else:
                 h = held.get(arm, {})
                 cells = (f"{h['predicted_tps']:.1f} | {_pct(h['error'])}" if "error" in h
                          else " | ")
                 lines.append(f"| {name} | {arm} | {r['measured_tps']:.1f} | "
-                             f"{r['predicted_tps']:.1f} | {_pct(r['error'])} | {cells} |")
+                             f"{r['predicted_tps']:.1f} | {_pct(r['error'])} | {_interval(r)} | "
+                             f"{cells} |")
     return "\n".join(lines)
 
 
@@ -54,21 +65,30 @@ _GROUPS = {"ladder_records": "H200 ladder records", "seed_runs": "per-seed runs"
            "all": "all records"}
 
 
+def _noise(summary: Mapping[str, Any]) -> str:
+    return (f"{summary['arms_inside_noise']}/{summary['arms_with_interval']}"
+            if summary.get("arms_with_interval") else "-")
+
+
 def fidelity_summary_markdown(doc: Mapping[str, Any]) -> str:
-    """Per record: its arms within 10 % and the largest error, in sample and held out; then
+    """Per record: its arms within 10 % and the largest error, in sample and held out, and in
+    sample the arms whose error its requests' noise explains (the interval holds 0); then
     each group's totals, with the arm pairs ordered otherwise that the device measured more
     than 5 % apart."""
-    lines = ["| record | in sample: arms within 10 %, max error | held out | held out, at "
-             "static-full's speed (its other arms) | speed (ms per request): fitted, "
-             "static-full's |", "|---|---|---|---|---:|"]
+    lines = ["| record | in sample: arms within 10 %, max error | in sample: error inside "
+             "its requests' noise | held out | held out, at static-full's speed (its other "
+             "arms) | speed (ms per request): fitted, static-full's |",
+             "|---|---|---:|---|---|---:|"]
     for name, entry in doc["records"].items():
         cells = [_within(got) if (got := entry.get(kind)) else "-" for kind in FIDELITY_KINDS]
+        cells.insert(1, _noise(entry["in_sample"]))
         own = entry.get("static_full_request_s")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {entry['request_s'] * 1e3:.2f}, "
                      + ("-" if own is None else f"{own * 1e3:.2f}") + " |")
     for group, kinds in doc["summary"].items():
         cells = [f"**{_within(s)}**, {s['discordant_pairs_clear']} clear swaps"
                  if (s := kinds.get(kind)) else "-" for kind in FIDELITY_KINDS]
+        cells.insert(1, f"**{_noise(kinds['in_sample'])}**")
         lines.append(f"| **{_GROUPS[group]}** | " + " | ".join(cells) + " | |")
     return "\n".join(lines)
 
@@ -163,23 +183,51 @@ def probe_markdown(doc: Mapping[str, Any]) -> str:
     """A `compare` document of probed GPU runs: per run, its probes' per-request cost in order
     (fixed work: the call's drift); per arm, measured tok/s and hit rate (the replay's), and
     the tok/s error at each price: the profile's speed, static-full's, the call's probes',
-    the arm's own probes'."""
+    the arm's own probes' (with the interval its requests' noise spreads that error over),
+    and its share of decode rounds in the host's slow state (bench/replay/states.py)."""
     lines = ["| run | arm | measured tok/s | hit rate (replay) | at the profile's speed | at "
-             "static-full's | at the call's probes | at its own probes |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for run in doc["runs"].values():
+             "static-full's | at the call's probes | at its own probes | rounds in the slow "
+             "state |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, run in doc["runs"].items():
         if "probe" not in run:
             continue
-        probe = run["probe"]
+        probe, states = run["probe"], run.get("speed_states")
         speeds = ", ".join(f"{s * 1e3:.1f}" for s in probe["request_s"])
-        lines.append(f"| {run['trace']} seed {run['seed']} | probes, ms a request | {speeds} "
-                     f"| spread {probe['spread']:.1%} | | | | |".replace("%", " %"))
+        name = f"{run['trace']} seed {run['seed']}" + (", pass 2" if key.endswith("/pass2")
+                                                        else "")
+        two = ("-" if states is None else
+               f"{states['fast_ms']:.1f} / {states['slow_ms']:.1f} ms")
+        lines.append(f"| {name} | probes, ms a request | {speeds} "
+                     f"| spread {probe['spread']:.1%} | | | | | {two} |".replace("%", " %"))
         for arm, row in run["tps"]["arms"].items():
             if "error" not in row:
                 continue
             cells = [_pct(got["error"]) if (got := run.get(key, {}).get("arms", {}).get(
                 arm, {})).get("error") is not None else "-" for key in _PROBE_PRICES]
+            own = run.get(_PROBE_PRICES[-1], {}).get("arms", {}).get(arm, {})
+            if "error_ci95" in own:
+                cells[-1] += f" ({_interval(own)})"
+            share = (states or {}).get("slow_share", {}).get(arm)
+            cells.append("-" if share is None else f"{share:.0%}".replace("%", " %"))
             lines.append(f"| | {arm} | {row['measured_tps']:.1f} | "
                          f"{row['measured_hit_rate']:.3f} ({row['predicted_hit_rate']:.3f}) | "
                          + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def passes_markdown(doc: Mapping[str, Any]) -> str:
+    """A `compare` document's arms run twice in one call: pass 2 over pass 1, measured and at
+    the arm's own probes and the call's, and each pass's share of slow-state rounds."""
+    lines = ["| run | arm | pass 2 / pass 1, measured | at its own probes | at the call's "
+             "probes | rounds in the slow state, pass 1 -> 2 |", "|---|---|---:|---:|---:|---:|"]
+    for pair in doc.get("passes", ()):
+        first, second = doc["runs"][pair["run"]], doc["runs"][pair["run"] + "/pass2"]
+        shares = [r.get("speed_states", {}).get("slow_share", {}).get(pair["arm"])
+                  for r in (first, second)]
+        moved = ("-" if None in shares else
+                 f"{shares[0]:.0%} -> {shares[1]:.0%}".replace("%", " %"))
+        cells = [f"{pair[k]:.3f}" if pair[k] is not None else "-"
+                 for k in ("measured", "at_arm_probes", "at_call_probe")]
+        lines.append(f"| {first['trace']} seed {first['seed']} | {pair['arm']} | "
+                     + " | ".join(cells) + f" | {moved} |")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.replay.calibration import DEFAULT_CALIBRATION, load_profile
-from bench.replay.compare import compare_run
+from bench.replay.compare import compare_run, pass_pairs
 from bench.replay.records import RecordSetup, replay_run
 
 RUN = (Path(__file__).resolve().parents[3] / "bench" / "results" / "h200" / "seeds"
@@ -63,3 +63,21 @@ def test_the_cli_says_when_a_run_has_no_static_full_arm(
     assert main(["compare", str(path), "--out", str(tmp_path / "out.json")]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "pinned-0" in x)
     assert line.endswith("no static-full arm") and "0.000" not in line
+
+
+def test_an_arm_run_twice_is_paired_with_itself() -> None:
+    """`--passes 2`: each arm's pass 2 over pass 1, measured and at both probe prices, from
+    the compare document of the probed calls (pure: no replay)."""
+    doc = json.loads((RUN.parents[3] / "h100" / "probe" / "replay-compare.json").read_text())
+    pairs = pass_pairs(doc["runs"])
+    assert {p["run"].split(":")[1] for p in pairs} == {"mixed/seed12", "mixed/seed13",
+                                                        "handoff/seed8"}
+    for pair in pairs:
+        first = doc["runs"][pair["run"]]["tps"]["arms"][pair["arm"]]
+        second = doc["runs"][pair["run"] + "/pass2"]["tps"]["arms"][pair["arm"]]
+        assert pair["measured"] == pytest.approx(
+            second["measured_tps"] / first["measured_tps"], abs=1e-4)
+        assert pair["at_arm_probes"] > 0 and pair["at_call_probe"] > 0
+    assert doc["passes"] == pairs
+    # A run without its second pass pairs with nothing.
+    assert pass_pairs({k: r for k, r in doc["runs"].items() if "/pass2" not in k}) == []

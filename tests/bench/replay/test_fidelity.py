@@ -19,6 +19,7 @@ from bench.replay.tables import (
     fidelity_summary_markdown,
     gpu_markdown,
     kv_step_markdown,
+    passes_markdown,
     probe_markdown,
     seeds_markdown,
     targets_markdown,
@@ -133,10 +134,14 @@ def test_a_record_held_out_is_also_priced_at_its_static_full_arms_speed() -> Non
     assert summary["arms_compared"] == 5
 
 
-def test_the_probe_table_is_the_file() -> None:
-    """docs/results.md's probed GPU runs: one block a run under bench/results/h100/probe."""
+def test_the_probe_tables_are_the_file() -> None:
+    """docs/results.md's probed GPU runs: one block a run (a pass) of the files under
+    bench/results/h100/probe, and a row an arm run twice in one call."""
     doc = json.loads((RESULTS / "h100" / "probe" / "replay-compare.json").read_text())
     files = sorted((RESULTS / "h100" / "probe").glob("*/ladder-seeds.json"))
-    assert len(doc["runs"]) == len(files) >= 2
+    runs = sum(len(json.loads(f.read_text())["runs"]) for f in files)
+    assert len(doc["runs"]) == runs > len(files) >= 6
     assert all(len(r["probe"]["request_s"]) == 5 for r in doc["runs"].values())
-    assert probe_markdown(doc) in (ROOT / "docs" / "results.md").read_text()
+    results = (ROOT / "docs" / "results.md").read_text()
+    assert probe_markdown(doc) in results
+    assert len(doc["passes"]) >= 12 and passes_markdown(doc) in results
