@@ -264,6 +264,13 @@ def _compare(files: Sequence[str], calibration: str, out: str) -> int:
         print(key if probe is None else
               f"{key}  (probes {', '.join(f'{s * 1e3:.2f}' for s in probe['request_s'])} ms a "
               f"request, spread {probe['spread']:.1%})")
+        if states := r.get("speed_states"):
+            # A ratio of two arms that spent different shares of rounds in the slow state
+            # measures the host as much as the policies.
+            shares = ", ".join(f"{arm} {share:.0%}" for arm, share in states["slow_share"].items())
+            print(f"  decode rounds at two speeds, {states['fast_ms']:.1f} and "
+                  f"{states['slow_ms']:.1f} ms ({states['ratio']:.2f}x); in the slow one: "
+                  f"{shares}")
         for arm, row in r["tps"]["arms"].items():
             ratio = r["vs_static_full"].get(arm)
             if "error" in row:

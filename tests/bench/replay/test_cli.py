@@ -79,3 +79,17 @@ def test_kv_step_sets_the_moe_ladder_arms_ladder(tmp_path: Path) -> None:
     arms = {s: docs[s]["traces"]["mixed"]["arms"] for s in docs}
     assert arms["32k"]["grow-only"] == arms["16k"]["grow-only"]
     assert arms["32k"]["pinned-0"] != arms["16k"]["pinned-0"]
+
+
+def test_compare_says_when_a_call_ran_at_two_speeds(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A probed H100 call: its arms' shares of slow rounds are printed beside their tok/s, so
+    a reader sees which of two arms the host slowed before reading their ratio."""
+    run = ROOT / "bench" / "results" / "h100" / "probe" / "mixed-11" / "ladder-seeds.json"
+    out = tmp_path / "compare.json"
+    assert main(["compare", str(run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "decode rounds at two speeds, 11.1 and 17.2 ms (1.55x)" in printed
+    assert "grow-only 83%, pinned-0 10%, oracle 0%" in printed
+    states = next(iter(json.loads(out.read_text())["runs"].values()))["speed_states"]
+    assert states["slow_share"]["grow-only"] > 0.8 > 0.2 > states["slow_share"]["pinned-0"]
