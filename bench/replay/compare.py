@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.replay.calibration import Costs
-from bench.replay.fidelity import at_static_full_speed, run_fidelity
+from bench.replay.fidelity import arms_apart, at_static_full_speed, run_fidelity
 from bench.replay.probe import arm_request_s, probe_summary
 from bench.replay.records import RecordSetup, replay_run
 from bench.replay.states import speed_states
@@ -45,13 +45,11 @@ def _probed(setup: RecordSetup, meta: Mapping[str, Any], run: Mapping[str, Any],
     if summary is None:
         return {}
     call = replay_run(setup, meta, run, replace(costs, request_s=summary["call_request_s"]))
-    by_arm: dict[str, Any] = {"arms": {}, "per_request": {}}
-    for arm, request_s in arm_request_s(run, costs).items():
-        # The oracle is priced by the other arms' replays, so it is replayed with them.
-        arms = None if arm == "oracle" else [arm]
-        one = replay_run(setup, meta, run, replace(costs, request_s=request_s), arms)
-        for key in by_arm:
-            by_arm[key][arm] = one[key][arm]
+    # The oracle is priced by the other arms' replays, so it is replayed with them.
+    by_arm = arms_apart(
+        (arm, replay_run(setup, meta, run, replace(costs, request_s=request_s),
+                         None if arm == "oracle" else [arm]))
+        for arm, request_s in arm_request_s(run, costs).items())
     return {"probe": summary, "tps_at_call_probe": run_fidelity(call, run),
             "tps_at_arm_probes": run_fidelity(by_arm, run, by_arm["arms"])}
 

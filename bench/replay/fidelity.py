@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from bench.replay.calibration import Costs, Parameter
@@ -49,7 +49,8 @@ from bench.replay.probe import window_request_s
 from bench.replay.records import RECORDS, load_record, replay_record
 from bench.replay.vloop import VirtualTimeExceeded
 
-__all__ = ["FIDELITY_KINDS", "at_static_full_speed", "device_repeatability", "fidelity_doc",
+__all__ = ["FIDELITY_KINDS", "arms_apart", "at_static_full_speed", "device_repeatability",
+           "fidelity_doc",
            "record_fidelity", "run_fidelity"]
 
 # Arms that run no daemon: the same trace and seed on them is the same work in every call.
@@ -123,19 +124,29 @@ def run_fidelity(predicted: Mapping[str, Any], measured: Mapping[str, Any],
                            measured_rows=measured.get("per_request"))
 
 
+def arms_apart(replays: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """One replay document (`arms`, `per_request`) of arms replayed apart: each arm's summary
+    and requests taken from its own replay."""
+    out: dict[str, Any] = {"arms": {}, "per_request": {}}
+    for arm, replay in replays:
+        for key, by_arm in out.items():
+            by_arm[arm] = replay[key][arm]
+    return out
+
+
 def _replay_arms(name: str, costs: Costs) -> dict[str, Any]:
     """Each arm's summary and requests. A record whose oracle was priced by its other arms is
     replayed whole; the others arm by arm, so a stalled arm is left out and no other with
     it."""
     if RECORDS[name].priced_oracle:
         return replay_record(name, costs)
-    out: dict[str, Any] = {"arms": {}, "per_request": {}}
-    for arm in load_record(name)[2]["arms"]:
-        with contextlib.suppress(VirtualTimeExceeded):
-            one = replay_record(name, costs, [arm])
-            for key in out:
-                out[key][arm] = one[key][arm]
-    return out
+
+    def each() -> Iterator[tuple[str, Mapping[str, Any]]]:
+        for arm in load_record(name)[2]["arms"]:
+            with contextlib.suppress(VirtualTimeExceeded):
+                yield arm, replay_record(name, costs, [arm])
+
+    return arms_apart(each())
 
 
 def _spread(values: Sequence[float]) -> float:

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from bench.policy_arms import base_arm
 from bench.replay.calibration import Costs
 from bench.round_profile import SERIES_COLUMNS
 
 __all__ = ["speed_states", "two_speeds"]
 
 _COLUMN = {name: i for i, name in enumerate(SERIES_COLUMNS)}
-_STATIC = ("static-", "freetoken-static-")
 _ITERATIONS = 50
 
 
@@ -61,7 +61,8 @@ def speed_states(run: Mapping[str, Any], costs: Costs) -> dict[str, Any] | None:
     in the slow state; None without profiled rounds of an arm that hits."""
     nets = {arm: _net_round_ms(a["engine_profile"]["series"], costs)
             for arm, a in run["arms"].items()
-            if not arm.startswith(_STATIC) and a.get("engine_profile", {}).get("series")}
+            if not base_arm(arm).startswith("static-")
+            and a.get("engine_profile", {}).get("series")}
     nets = {arm: v for arm, v in nets.items() if v.size}
     if not nets:
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.policy_arms import base_arm
 from bench.replay.fit import _nonnegative_lstsq, _record_runs, decode_samples
 from bench.replay.records import RECORDS
 
@@ -55,7 +56,7 @@ def static_residuals(records: list[str], *, with_layer_term: bool = False,
         x.append(row)
         y.append(seconds)
         w.append(tokens)
-        counted.append(name not in UNEVEN and arm.startswith(("static-", "freetoken-static-")))
+        counted.append(name not in UNEVEN and base_arm(arm).startswith("static-"))
     xs, ys, ws, mask = np.array(x), np.array(y), np.array(w, dtype=float), np.array(counted)
     coef = _nonnegative_lstsq(xs, ys, ws, kept=len(names))
     residual = xs @ coef / ys - 1
